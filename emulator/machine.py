@@ -1,0 +1,112 @@
+"""Machine presets: frozen dataclasses loaded from TOML files in emulator/machines/ or a user's.
+
+Pure Python (no NumPy, no Numba): `wse-emu machines` and `--help` import this.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from isa.spec import SIMD_KEYS
+
+PRESET_DIR = Path(__file__).parent / "machines"
+
+
+class MachineError(Exception):
+    """A preset that cannot be used; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    name: str
+    kind: str
+    description: str
+    # fabric
+    width: int
+    height: int
+    colors: int
+    hop_latency: int
+    ramp_latency: int
+    queue_depth: int
+    wavelet_bytes: int
+    # PE
+    sram_bytes: int
+    clock_hz: float
+    issue_overhead: int
+    scalar_cycles: int
+    special_scalar_cycles: int
+    simd: tuple[tuple[str, int], ...]  # (key, elements per cycle) for every isa.spec.SIMD_KEYS
+
+    def simd_width(self, key: str) -> int:
+        return dict(self.simd)[key]
+
+    @property
+    def pes(self) -> int:
+        return self.width * self.height
+
+    def summary(self) -> str:
+        s = dict(self.simd)
+        return (f"{self.width} x {self.height} PEs, {self.sram_bytes // 1024} KB SRAM/PE, "
+                f"{self.clock_hz / 1e9:g} GHz, {self.colors} colors, "
+                f"fp16 FMAC x{s['fmac_f16']}, fp32 FMAC x{s['fmac_f32']}")
+
+
+_FIELDS = {
+    "fabric": ("width", "height", "colors", "hop_latency", "ramp_latency", "queue_depth",
+               "wavelet_bytes"),
+    "pe": ("sram_bytes", "clock_hz", "issue_overhead", "scalar_cycles", "special_scalar_cycles"),
+}
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
+
+
+def load_machine(name_or_path: str) -> Machine:
+    """A preset by name (`wse3`) or a TOML file path; MachineError with one line otherwise."""
+    path = Path(name_or_path)
+    if not (name_or_path.endswith(".toml") or path.is_file()):
+        path = PRESET_DIR / f"{name_or_path}.toml"
+        if not path.is_file():
+            raise MachineError(f"unknown machine {name_or_path!r}: presets are "
+                               f"{', '.join(preset_names())}, or pass a .toml file")
+    try:
+        doc = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise MachineError(f"{path}: no such machine file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise MachineError(f"{path}: not valid TOML: {e}") from None
+    return machine_from_dict(doc, str(path))
+
+
+def machine_from_dict(doc: dict, where: str = "<machine>") -> Machine:
+    kind = doc.get("kind", "mesh")
+    if kind != "mesh":
+        raise MachineError(f"{where}: machine kind {kind!r} is not supported (only 'mesh')")
+    values: dict = {"name": doc.get("name", Path(where).stem), "kind": kind,
+                    "description": doc.get("description", "")}
+    for table, keys in _FIELDS.items():
+        section = doc.get(table, {})
+        for key in keys:
+            if key not in section:
+                raise MachineError(f"{where}: missing [{table}] {key}")
+            value = section[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise MachineError(f"{where}: [{table}] {key} must be a non-negative number")
+            values[key] = float(value) if key == "clock_hz" else int(value)
+    simd = doc.get("simd", {})
+    missing = [k for k in SIMD_KEYS if k not in simd]
+    if missing:
+        raise MachineError(f"{where}: missing [simd] {', '.join(missing)}")
+    for k in SIMD_KEYS:
+        if not isinstance(simd[k], int) or simd[k] < 1:
+            raise MachineError(f"{where}: [simd] {k} must be a positive integer")
+    values["simd"] = tuple((k, int(simd[k])) for k in SIMD_KEYS)
+    for key in ("width", "height", "colors", "sram_bytes", "queue_depth"):
+        if values[key] < 1:
+            raise MachineError(f"{where}: {key} must be at least 1")
+    if values["clock_hz"] <= 0:
+        raise MachineError(f"{where}: clock_hz must be positive")
+    return Machine(**values)

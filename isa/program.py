@@ -1,0 +1,184 @@
+"""The Program: what the assembler, the builder and the compiler produce and the emulator loads.
+
+A Program is plain data (frozen dataclasses, tuples, bytes), independent of any machine; the
+loader checks it against a machine preset. Coordinates are absolute fabric coordinates, x to the
+east (columns), y to the south (rows); (0, 0) is the north-west corner.
+
+Compactness: nothing here is per PE. Regions, route rules and tile maps are rectangles with
+affine rules, so a program for a 900k-PE wafer is as small as its distinct code and tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Directions of a router port; a route's rx / tx are bit masks over these.
+DIR_N, DIR_E, DIR_S, DIR_W, DIR_RAMP = 0, 1, 2, 3, 4
+DIR_NAMES = ("N", "E", "S", "W", "RAMP")
+DIR_BITS = {name: 1 << i for i, name in enumerate(DIR_NAMES)}
+# (dx, dy) of the neighbour reached through an output port.
+DIR_STEP = {DIR_N: (0, -1), DIR_E: (1, 0), DIR_S: (0, 1), DIR_W: (-1, 0)}
+OPPOSITE = {DIR_N: DIR_S, DIR_S: DIR_N, DIR_E: DIR_W, DIR_W: DIR_E}
+
+
+@dataclass(frozen=True)
+class Rect:
+    x: int
+    y: int
+    w: int
+    h: int
+
+    def contains(self, x: int, y: int) -> bool:
+        return self.x <= x < self.x + self.w and self.y <= y < self.y + self.h
+
+    def cells(self):
+        for y in range(self.y, self.y + self.h):
+            for x in range(self.x, self.x + self.w):
+                yield x, y
+
+    @property
+    def size(self) -> int:
+        return self.w * self.h
+
+
+@dataclass(frozen=True)
+class Alloc:
+    """A named SRAM buffer of a region (same address on every PE of the region)."""
+
+    name: str
+    addr: int  # byte address
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Region:
+    """A rectangle of PEs running the same code (SPMD). Regions must not overlap.
+
+    SRAM layout of every PE in the region: the code at address 0 (8 bytes an instruction), then
+    whatever the allocs, data initialisers and symbol pieces use. `sram_bytes` is the highest
+    byte any of them uses (the loader recomputes and checks it).
+    """
+
+    name: str
+    rect: Rect
+    code: tuple[int, ...]  # encoded 64-bit instruction words
+    allocs: tuple[Alloc, ...] = ()
+    labels: tuple[tuple[str, int], ...] = ()  # (label, instruction index), for disassembly
+
+
+@dataclass(frozen=True)
+class RouteRule:
+    """For every PE in rect, color: wavelets accepted from `rx` (mask) go out on `tx` (mask).
+
+    Rules apply in order; a later rule for the same PE and color replaces an earlier one.
+    """
+
+    rect: Rect
+    color: int
+    rx: int  # mask over DIR_BITS
+    tx: int  # mask over DIR_BITS; several bits = multicast
+
+
+@dataclass(frozen=True)
+class TileMap:
+    """How a 2-D tensor (rows, cols) is laid out over a rectangle of PEs.
+
+    The PE at region-relative (rx, ry) = (x - rect.x, y - rect.y) holds the tile of `tile`
+    = (tile_rows, tile_cols) elements whose tile index is
+        ti = row0 + ry * row_dy + rx * row_dx
+        tj = col0 + ry * col_dy + rx * col_dx
+    i.e. elements [ti*tile_rows : (ti+1)*tile_rows, tj*tile_cols : (tj+1)*tile_cols], stored at
+    byte address `addr` in `dtype` (isa.spec.DTYPES), column-major when order == "F" (the
+    layout `mv` expects), row-major when "C". A step of 0 replicates a tile over PEs.
+    1-D tensors are (n, 1).
+    """
+
+    rect: Rect
+    addr: int
+    dtype: int
+    tile: tuple[int, int]
+    row0: int = 0
+    row_dy: int = 0
+    row_dx: int = 0
+    col0: int = 0
+    col_dy: int = 0
+    col_dx: int = 0
+    order: str = "C"
+
+    def tile_index(self, x: int, y: int) -> tuple[int, int]:
+        rx, ry = x - self.rect.x, y - self.rect.y
+        return (self.row0 + ry * self.row_dy + rx * self.row_dx,
+                self.col0 + ry * self.col_dy + rx * self.col_dx)
+
+    @property
+    def nbytes(self) -> int:
+        from isa.spec import DTYPE_BYTES
+
+        return self.tile[0] * self.tile[1] * DTYPE_BYTES[self.dtype]
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A named tensor the program's data initialisers read from.
+
+    Either `data` holds the raw bytes (C order, `dtype` a NumPy dtype string such as '<f4' or
+    '<f2'), or `file` names a safetensors file (relative to the program.bin's folder, or
+    absolute) and `key` the tensor inside it, so that large models are referenced, not copied.
+    """
+
+    name: str
+    dtype: str  # NumPy dtype string of the source ('<f4', '<f2', '<i4'), or 'bf16'
+    shape: tuple[int, ...]
+    data: bytes | None = None
+    file: str | None = None
+    key: str | None = None
+
+
+@dataclass(frozen=True)
+class DataInit:
+    """Initialise SRAM before the run: a tile of tensor `tensor` on every PE of `tilemap.rect`,
+    or (tensor None) the same `inline` bytes at `tilemap.addr` on every PE of the rect."""
+
+    tilemap: TileMap
+    tensor: str | None = None
+    inline: bytes = b""
+
+
+@dataclass(frozen=True)
+class Symbol:
+    """A named input or output of the program, scattered / gathered by the host.
+
+    `shape` is the logical shape (any rank); its 2-D view for the tile maps is
+    (prod(shape[:-1]), shape[-1]) for rank >= 2 and (n, 1) for rank 1. Inputs are written to
+    every PE of every piece (pieces may replicate); outputs are read from each piece's PEs, and
+    a tile held by several PEs is read from the first in row-major PE order.
+    """
+
+    name: str
+    kind: str  # "input" | "output"
+    dtype: str  # logical host dtype: 'f32' | 'f16' | 'bf16' | 'i32'
+    shape: tuple[int, ...]
+    pieces: tuple[TileMap, ...]
+
+
+@dataclass(frozen=True)
+class Program:
+    name: str
+    regions: tuple[Region, ...]
+    routes: tuple[RouteRule, ...] = ()
+    tensors: tuple[Tensor, ...] = ()
+    data: tuple[DataInit, ...] = ()
+    symbols: tuple[Symbol, ...] = ()
+    params: tuple[tuple[str, int | str], ...] = ()  # resolved parameters, for people and info
+    meta: dict = field(default_factory=dict, hash=False, compare=False)  # free-form, JSON-able
+
+    def bounding_box(self) -> Rect:
+        """Smallest rectangle from (0, 0) holding every region and route rule."""
+        rects = [r.rect for r in self.regions] + [r.rect for r in self.routes]
+        w = max((r.x + r.w for r in rects), default=0)
+        h = max((r.y + r.h for r in rects), default=0)
+        return Rect(0, 0, w, h)
+
+    def colors_used(self) -> int:
+        """One more than the highest color any route rule names (0 when none)."""
+        return max((r.color + 1 for r in self.routes), default=0)
