@@ -41,6 +41,10 @@ class Rect:
         return self.w * self.h
 
 
+def _overlaps(a: Rect, b: Rect) -> bool:
+    return a.x < b.x + b.w and b.x < a.x + a.w and a.y < b.y + b.h and b.y < a.y + a.h
+
+
 @dataclass(frozen=True)
 class Alloc:
     """A named SRAM buffer of a region (same address on every PE of the region)."""
@@ -88,7 +92,7 @@ class TileMap:
         ti = row0 + ry * row_dy + rx * row_dx
         tj = col0 + ry * col_dy + rx * col_dx
     i.e. elements [ti*tile_rows : (ti+1)*tile_rows, tj*tile_cols : (tj+1)*tile_cols], stored at
-    byte address `addr` in `dtype` (isa.spec.DTYPES), column-major when order == "F" (the
+    byte address `addr` in `dtype` (isa.spec.STORAGE_DTYPES), column-major when order == "F" (the
     layout `mv` expects), row-major when "C". A step of 0 replicates a tile over PEs.
     1-D tensors are (n, 1).
     """
@@ -178,6 +182,19 @@ class Program:
         w = max((r.x + r.w for r in rects), default=0)
         h = max((r.y + r.h for r in rects), default=0)
         return Rect(0, 0, w, h)
+
+    def region_sram_bytes(self, region: Region) -> int:
+        """Highest SRAM byte (exclusive) used on the region's PEs by code, allocs, data and symbols."""
+        from isa.spec import INSTR_BYTES
+
+        top = len(region.code) * INSTR_BYTES
+        for a in region.allocs:
+            top = max(top, a.addr + a.nbytes)
+        maps = [d.tilemap for d in self.data] + [p for s in self.symbols for p in s.pieces]
+        for m in maps:
+            if _overlaps(m.rect, region.rect):
+                top = max(top, m.addr + m.nbytes)
+        return top
 
     def colors_used(self) -> int:
         """One more than the highest color any route rule names (0 when none)."""

@@ -11,7 +11,7 @@ Instruction word (64 bits, little-endian when stored):
     bits  8-15  slot A      (register, dtype or color)
     bits 16-23  slot B
     bits 24-31  slot C
-    bits 32-63  slot I      (signed 32-bit immediate), or
+    bits 32-63  slot I      (32-bit immediate), or
     bits 32-47  slot IL and bits 48-63 slot IH (two 16-bit immediates)
 
 This module is pure Python (no NumPy, no Numba): the assembler and `wse-emu --help` import it.
@@ -32,7 +32,6 @@ class Slot:
     name: str
     lo: int  # first bit
     width: int  # number of bits
-    signed: bool
 
     @property
     def bits(self) -> range:
@@ -40,13 +39,15 @@ class Slot:
 
 
 SLOTS = {
-    "A": Slot("A", 8, 8, False),
-    "B": Slot("B", 16, 8, False),
-    "C": Slot("C", 24, 8, False),
-    "I": Slot("I", 32, 32, True),
-    "IL": Slot("IL", 32, 16, False),
-    "IH": Slot("IH", 48, 16, True),
+    "A": Slot("A", 8, 8),
+    "B": Slot("B", 16, 8),
+    "C": Slot("C", 24, 8),
+    "I": Slot("I", 32, 32),
+    "IL": Slot("IL", 32, 16),
+    "IH": Slot("IH", 48, 16),
 }
+# Signedness belongs to the operand kind, not the slot: decoders sign-extend `imm` and `s16`
+# operands and zero-extend the rest (fimm keeps its raw 32 bits).
 OPCODE_BITS = range(0, 8)
 
 # ---------------------------------------------------------------------------------------------
@@ -67,9 +68,12 @@ SPECIAL_IREGS = {
 }
 N_IREG_SLOTS = 22  # size of the per-PE integer register file, specials included
 
-DTYPES = {"f32": 0, "f16": 1, "bf16": 2}
-DTYPE_BYTES = {0: 4, 1: 2, 2: 2}
-DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+DTYPES = {"f32": 0, "f16": 1, "bf16": 2}  # element types of tensor descriptors
+# Types data initialisers and symbol pieces may store: the descriptor types plus int32 (token ids,
+# positions, read with `lw`).
+STORAGE_DTYPES = {**DTYPES, "i32": 3}
+DTYPE_BYTES = {0: 4, 1: 2, 2: 2, 3: 4}
+DTYPE_NAMES = {v: k for k, v in STORAGE_DTYPES.items()}
 
 # Descriptor kinds (stored in the descriptor register).
 DSD_MEM = 0  # SRAM operand: addr, len, stride, count, cstride, dtype
@@ -89,6 +93,8 @@ DSD_FABOUT = 2  # fabric output: wavelets sent on a color
 #   target branch target: a label (encoded as an absolute instruction index)
 #   fimm   fp32 immediate (encoded as its IEEE-754 bits)
 OPERAND_KINDS = ("ireg", "iregw", "freg", "dreg", "dtype", "color", "imm", "u16", "s16", "target", "fimm")
+
+KIND_SIGNED = {"imm": True, "s16": True}
 
 # Slot each kind may occupy.
 KIND_SLOTS = {

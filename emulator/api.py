@@ -1,0 +1,43 @@
+"""One call from a Program to numbers and cycles: load, scatter inputs, run, gather outputs.
+
+Used by the CLI, the tests, the benchmarks and the demo, so that all of them run programs the
+same way. `engine` picks the Numba core ("core", the default) or the pure-Python reference
+interpreter ("reference").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from emulator.load import Loaded, load, read_output, write_input
+from emulator.machine import Machine, load_machine
+from emulator.result import RunResult
+from isa.program import Program
+
+
+@dataclass
+class Execution:
+    loaded: Loaded
+    result: RunResult
+    outputs: dict[str, np.ndarray]
+
+
+def execute(program: Program, machine: Machine | str = "wse3",
+            inputs: dict[str, np.ndarray] | None = None, base_dir: str | None = None,
+            engine: str = "core", max_cycles: int | None = None, trace: bool = False,
+            progress=None) -> Execution:
+    if isinstance(machine, str):
+        machine = load_machine(machine)
+    loaded = load(program, machine, base_dir=base_dir)
+    for name, values in (inputs or {}).items():
+        write_input(loaded, name, values)
+    if engine == "reference":
+        from emulator.reference import run
+    else:
+        from emulator.core import run
+    result = run(loaded, max_cycles=max_cycles, trace=trace, progress=progress)
+    outputs = {s.name: read_output(loaded, s.name)
+               for s in program.symbols if s.kind == "output"}
+    return Execution(loaded, result, outputs)

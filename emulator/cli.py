@@ -1,0 +1,231 @@
+"""The `wse-emu` command line.
+
+Heavy modules (NumPy, Numba, the emulator core) are imported inside the commands that need
+them, so `wse-emu --help`, `machines`, `asm`, `disasm` and `info` start fast and never load Numba.
+Every user error is one line on stderr and exit code 2; a run that deadlocks, faults or hits
+--max-cycles exits 1 with its report.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+
+import click
+
+EXIT_USAGE = 2
+
+
+class UserError(click.ClickException):
+    exit_code = EXIT_USAGE
+
+    def show(self, file=None):
+        click.echo(f"wse-emu: error: {self.format_message()}", err=True)
+
+
+def user_errors(fn):
+    """Turn the project's one-line exceptions into `wse-emu: error: ...` and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from emulator.load import LoadError
+        from emulator.machine import MachineError
+        from isa.errors import AsmError, FormatError
+        from isa.tensors import TensorError
+
+        try:
+            return fn(*args, **kwargs)
+        except (AsmError, FormatError, LoadError, MachineError, TensorError) as e:
+            raise UserError(str(e)) from None
+        except OSError as e:
+            raise UserError(f"{e.filename or ''}: {e.strerror}".lstrip(": ")) from None
+
+    return wrapper
+
+
+def parse_pairs(pairs: tuple[str, ...], what: str) -> dict[str, str]:
+    out = {}
+    for p in pairs:
+        name, sep, value = p.partition("=")
+        if not sep or not name or not value:
+            raise UserError(f"{what} {p!r} must look like NAME=VALUE")
+        out[name] = value
+    return out
+
+
+def load_npy(path: str, what: str):
+    import numpy as np
+
+    try:
+        return np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise UserError(f"{what}: no such file {path}") from None
+    except (ValueError, OSError) as e:
+        raise UserError(f"{what}: {path} is not a .npy file ({e})") from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="wse-emu")
+def main():
+    """wse-emu: a fast, cycle-approximate emulator of wafer-scale AI processors.
+
+    Write a mesh program (`.wsa`), assemble it to program.bin, run it on an emulated
+    wafer-scale mesh and read its numbers, cycles, stalls and congestion.
+    """
+
+
+@main.command()
+def machines():
+    """List the machine presets and their key figures."""
+    from emulator.machine import load_machine, preset_names
+
+    for name in preset_names():
+        m = load_machine(name)
+        click.echo(f"{name:8s} {m.summary()}")
+        click.echo(f"{'':8s} {m.description}")
+
+
+@main.command()
+@click.argument("source", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="program.bin to write")
+@click.option("-D", "defines", multiple=True, metavar="NAME=VALUE", help="override a .param")
+@click.option("--data", multiple=True, metavar="NAME=FILE.npy", help="bind a resident .tensor")
+@user_errors
+def asm(source, output, defines, data):
+    """Assemble SOURCE (.wsa) into a program.bin."""
+    from isa.asm import assemble_file
+    from isa.binfmt import write_program
+
+    program = assemble_file(source, parse_pairs(defines, "-D"), parse_pairs(data, "--data"))
+    write_program(program, output)
+    click.echo(f"wrote {output}: {len(program.regions)} regions, "
+               f"{sum(r.rect.size for r in program.regions):,} PEs", err=True)
+
+
+@main.command()
+@click.argument("binary", type=click.Path(dir_okay=False))
+@click.option("-o", "--outdir", default=".", type=click.Path(file_okay=False),
+              help="folder for the .wsa and its data files")
+@user_errors
+def disasm(binary, outdir):
+    """Disassemble BINARY into a .wsa (and .npy data files) that reassembles byte-identical."""
+    from isa.binfmt import read_program
+    from isa.disasm import disassemble
+
+    program = read_program(binary)
+    os.makedirs(outdir, exist_ok=True)
+    stem = os.path.splitext(os.path.basename(binary))[0]
+    click.echo(disassemble(program, outdir, stem))
+
+
+@main.command()
+@click.argument("binary", type=click.Path(dir_okay=False))
+@user_errors
+def info(binary):
+    """Describe BINARY: regions, PEs, SRAM use, colors, symbols."""
+    from isa.binfmt import read_program
+    from isa.info import describe
+
+    click.echo(describe(read_program(binary)))
+
+
+def progress_printer():
+    """A progress callback for long runs (stderr, only when it is a terminal)."""
+    if not sys.stderr.isatty():
+        return None
+    t0 = time.perf_counter()
+
+    def show(cycles: int, instructions: int) -> None:
+        dt = time.perf_counter() - t0
+        click.echo(f"\r  {dt:6.1f} s  cycle {cycles:,}  {instructions:,} instructions",
+                   err=True, nl=False)
+
+    return show
+
+
+@main.command()
+@click.argument("binary", type=click.Path(dir_okay=False))
+@click.option("--machine", "machine_name", default="wse3", show_default=True,
+              help="preset name or a .toml file")
+@click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy",
+              help="scatter an input symbol before the run")
+@click.option("--dump-dir", type=click.Path(file_okay=False), help="write every output as NAME.npy")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False),
+              help="write a Chrome/Perfetto trace JSON")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
+              help="write a PNG heatmap of PE and link utilisation")
+@click.option("--max-cycles", type=click.IntRange(min=1), help="stop a run that passes N cycles")
+@click.option("--reference", is_flag=True, help="use the pure-Python reference interpreter")
+@user_errors
+def run(binary, machine_name, inputs, dump_dir, as_json, trace_path, plot_path, max_cycles,
+        reference):
+    """Run BINARY on an emulated mesh and report cycles, stalls and traffic."""
+    from emulator import report
+    from emulator.load import base_dir_of, load, read_output, write_input
+    from emulator.machine import load_machine
+    from isa.binfmt import read_program
+
+    program = read_program(binary)
+    machine = load_machine(machine_name)
+    loaded = load(program, machine, base_dir=base_dir_of(binary))
+    given = parse_pairs(inputs, "--input")
+    declared = [s.name for s in program.symbols if s.kind == "input"]
+    for name in given:
+        if name not in declared:
+            raise UserError(f"--input {name}: the program has no input {name!r} "
+                            f"(inputs: {', '.join(declared) or 'none'})")
+    for name in declared:
+        if name not in given:
+            raise UserError(f"input {name!r} not given: pass --input {name}=FILE.npy")
+        write_input(loaded, name, load_npy(given[name], f"--input {name}"))
+    if reference:
+        from emulator.reference import run as engine
+    else:
+        from emulator.core import run as engine
+    result = engine(loaded, max_cycles=max_cycles, trace=bool(trace_path),
+                    progress=progress_printer())
+    if sys.stderr.isatty():
+        click.echo("\r" + " " * 70 + "\r", err=True, nl=False)
+    d = report.summary(loaded, result)
+    if dump_dir:
+        import numpy as np
+
+        os.makedirs(dump_dir, exist_ok=True)
+        for s in program.symbols:
+            if s.kind == "output":
+                np.save(os.path.join(dump_dir, f"{s.name}.npy"), read_output(loaded, s.name))
+        d["dumped"] = sorted(s.name for s in program.symbols if s.kind == "output")
+    if trace_path:
+        d["trace_events"] = report.write_trace(trace_path, loaded, result)
+    if plot_path:
+        report.plot_utilisation(plot_path, loaded, result)
+    if as_json:
+        click.echo(json.dumps(d, indent=1))
+    else:
+        click.echo(report.text(d))
+        if "problem" in d:
+            click.echo(d["problem"])
+            for line in d["blocked"]:
+                click.echo("  " + line)
+    if "problem" in d and not as_json:
+        click.echo(f"wse-emu: {d['problem']}", err=True)
+    sys.exit(report.EXIT_CODES[result.outcome])
+
+
+@main.command()
+@click.option("--machine", "machine_name", default="wse3", show_default=True)
+@user_errors
+def demo(machine_name):
+    """The built-in demo (see README)."""
+    from emulator.demo import run_demo
+
+    sys.exit(run_demo(machine_name))
+
+
+if __name__ == "__main__":
+    main()

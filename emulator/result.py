@@ -1,0 +1,69 @@
+"""What a run returns, shared by the Numba core and the reference interpreter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# PE status codes (both interpreters use these values).
+ST_RUN = 0  # runnable
+ST_HALT = 1  # executed halt
+ST_WAIT_RECV = 2  # blocked: a fabric input operand has no wavelet queued
+ST_WAIT_BP = 3  # blocked: its last message overflowed a receiver queue (backpressure)
+ST_FAULT = 4  # an instruction could not execute
+STATUS_NAMES = {ST_RUN: "running", ST_HALT: "halted", ST_WAIT_RECV: "waiting for wavelets",
+                ST_WAIT_BP: "blocked by backpressure", ST_FAULT: "fault"}
+
+# Run outcomes.
+RUN_HALTED, RUN_DEADLOCK, RUN_MAX_CYCLES, RUN_FAULT = 0, 1, 2, 3
+OUTCOME_NAMES = {RUN_HALTED: "halted", RUN_DEADLOCK: "deadlock", RUN_MAX_CYCLES: "max-cycles",
+                 RUN_FAULT: "fault"}
+
+# Fault reasons (index into FAULT_REASONS; detail values are reason-specific).
+FAULT_REASONS = (
+    "no fault",
+    "descriptor outside SRAM",
+    "misaligned descriptor address",
+    "operand element counts differ",
+    "matrix ops take SRAM descriptors only",
+    "destination must be an SRAM descriptor",
+    "fabric input used as a destination",
+    "fabric output used as a source",
+    "pc past the end of the code",
+    "branch target outside the code",
+    "scalar access outside SRAM or misaligned",
+    "the same color twice among fabric inputs",
+    "matrix operand shapes do not match",
+    "no route for this color here (its route at this PE does not accept RAMP)",
+)
+(F_NONE, F_OOB, F_ALIGN, F_COUNT, F_MATRIX_FABRIC, F_DEST_NOT_MEM, F_FABIN_DEST, F_FABOUT_SRC,
+ F_PC_END, F_TARGET, F_SCALAR_MEM, F_SAME_COLOR, F_SHAPE, F_NO_ROUTE) = range(len(FAULT_REASONS))
+
+
+@dataclass
+class RunResult:
+    outcome: int  # RUN_*
+    cycles: int  # halted: largest PE clock; max-cycles: the limit; else largest clock reached
+    # per PE (index order of Loaded): final state and statistics
+    pc: np.ndarray
+    status: np.ndarray
+    clock: np.ndarray
+    wait_color: np.ndarray  # color a blocked PE waits on (-1 if none)
+    instructions: np.ndarray
+    busy: np.ndarray
+    recv_stall: np.ndarray
+    bp_stall: np.ndarray
+    class_counts: np.ndarray  # instructions per cost class, order of isa.spec.COST_CLASSES
+    link_wavelets: np.ndarray  # per link id (cell * 5 + port)
+    messages: int
+    wavelets: int
+    wavelet_hops: int
+    fault_pe: int = -1
+    fault_reason: int = F_NONE
+    host_seconds: float = 0.0
+    trace: list = field(default_factory=list)  # (pe, pc, start, end) tuples when tracing
+
+    @property
+    def outcome_name(self) -> str:
+        return OUTCOME_NAMES[self.outcome]
