@@ -1,0 +1,91 @@
+"""What a Program holds and needs, for people (`wse-emu info`) and for program.bin's META."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from isa.encoding import decode
+from isa.builder import TENSOR_ITEMSIZE
+from isa.program import Program, Region
+from isa.spec import DTYPE_NAMES
+
+
+def _region(program: Program, region: Region | str) -> Region:
+    if isinstance(region, Region):
+        return region
+    for r in program.regions:
+        if r.name == region:
+            return r
+    raise KeyError(f"no region {region!r}")
+
+
+def region_sram_bytes(program: Program, region: Region | str) -> int:
+    """Highest SRAM byte (exclusive) used on the region's PEs: code, allocs, data, symbol pieces."""
+    return program.region_sram_bytes(_region(program, region))
+
+
+def program_colors(program: Program) -> int:
+    """One more than the highest color a route rule or an instruction names (0 when none)."""
+    colors = program.colors_used()
+    for r in program.regions:
+        for word in r.code:
+            ins, values = decode(word)
+            for name, kind, _slot in ins.operands:
+                if kind == "color":
+                    colors = max(colors, values[name] + 1)
+    return colors
+
+
+def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:
+    """Rows as aligned columns: numbers to the right, text to the left."""
+    columns = list(zip(*rows))
+    widths = [max(map(len, col)) for col in columns]
+    numeric = [all(re.fullmatch(r"[\d,]+", cell) for cell in col[1:]) for col in columns]
+    return [indent + "  ".join(cell.rjust(w) if num else cell.ljust(w)
+                               for cell, w, num in zip(row, widths, numeric)).rstrip()
+            for row in rows]
+
+
+def describe(program: Program) -> str:
+    """A human-readable summary of the program: regions, routes, tensors, symbols, params."""
+    box = program.bounding_box()
+    pes = sum(r.rect.size for r in program.regions)
+    lines = [f"program {program.name!r}: {len(program.regions)} region(s), {pes} PEs used, "
+             f"bounding box {box.w} x {box.h}, {program_colors(program)} color(s), "
+             f"{len(program.routes)} route rule(s)"]
+    if program.params:
+        lines.append("params: " + ", ".join(f"{k}={v}" for k, v in program.params))
+    lines.append("regions:")
+    rows = [["name", "rect (x, y, w x h)", "PEs", "instructions", "SRAM bytes"]]
+    for r in program.regions:
+        rows.append([r.name, f"({r.rect.x}, {r.rect.y}, {r.rect.w} x {r.rect.h})",
+                     str(r.rect.size), str(len(r.code)), f"{region_sram_bytes(program, r):,}"])
+    lines += _table(rows)
+    if program.routes:
+        colors = sorted({rule.color for rule in program.routes})
+        lines.append(f"routes: {len(program.routes)} rule(s) on color(s) "
+                     + ", ".join(map(str, colors)))
+    if program.tensors:
+        lines.append("tensors:")
+        rows = [["name", "shape", "dtype", "storage", "bytes"]]
+        for t in program.tensors:
+            nbytes = math.prod(t.shape) * TENSOR_ITEMSIZE[t.dtype]
+            where = "inline" if t.data is not None else f"external {t.file}:{t.key}"
+            rows.append([t.name, str(tuple(t.shape)), t.dtype, where, f"{nbytes:,}"])
+        lines += _table(rows)
+    if program.data:
+        loads = sum(1 for d in program.data if d.tensor is not None)
+        lines.append(f"data initialisers: {loads} tensor load(s), "
+                     f"{len(program.data) - loads} inline")
+    if program.symbols:
+        lines.append("symbols:")
+        rows = [["name", "kind", "dtype", "shape", "pieces", "SRAM dtype"]]
+        for s in program.symbols:
+            stored = ", ".join(sorted({DTYPE_NAMES[p.dtype] for p in s.pieces}))
+            rows.append([s.name, s.kind, s.dtype, str(tuple(s.shape)), str(len(s.pieces)),
+                         stored])
+        lines += _table(rows)
+    if program.meta:
+        lines.append("meta: " + ", ".join(f"{k}={v!r}" for k, v in sorted(program.meta.items())))
+    return "\n".join(lines) + "\n"

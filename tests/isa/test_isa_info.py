@@ -1,0 +1,68 @@
+"""wse-emu info: the summary text and the SRAM / color requirements."""
+
+from pathlib import Path
+
+import numpy as np
+
+from isa.asm import assemble, assemble_file
+from isa.info import describe, program_colors, region_sram_bytes
+
+GEMV = Path(__file__).parent / "data" / "gemv.wsa"
+
+
+def _gemv(tmp_path):
+    np.save(tmp_path / "W.npy", np.zeros((512, 512), dtype=np.float32))
+    return assemble_file(str(GEMV), data_files={"W": str(tmp_path / "W.npy")})
+
+
+def test_region_sram_bytes_counts_code_allocs_data_and_pieces(tmp_path):
+    p = _gemv(tmp_path)
+    # 12 instructions (96 B), then W tile 64*64*4, x 64*4, y 64*4
+    assert region_sram_bytes(p, "grid") == 96 + 16384 + 256 + 256
+    assert region_sram_bytes(p, p.regions[0]) == region_sram_bytes(p, "grid")
+    src = """.region a, 0, 0, 1, 1
+    .init 4000, f32, 1, 2, 3
+    halt
+.endregion
+.region b, 1, 0, 1, 1
+    .alloc big, 100, at=800
+    nop
+    halt
+.endregion
+"""
+    two = assemble(src)
+    assert region_sram_bytes(two, "a") == 4012 and region_sram_bytes(two, "b") == 900
+
+
+def test_colors_count_routes_and_instruction_operands():
+    src = ".route 0, 0, 1, 1, 2, rx=RAMP, tx=RAMP\n.region r, 0, 0, 1, 1\n"
+    assert program_colors(assemble(src + "    halt\n.endregion\n")) == 3
+    assert program_colors(assemble(src + "    dfin d0, f32, 7, 4\n    halt\n.endregion\n")) == 8
+
+
+def test_describe(tmp_path):
+    text = describe(_gemv(tmp_path))
+    lines = text.splitlines()
+    assert lines[0] == ("program 'gemv': 1 region(s), 64 PEs used, bounding box 8 x 8, "
+                        "3 color(s), 11 route rule(s)")
+    assert "params: M=512, K=512, P=8, Q=8, DT=f32" in text
+    grid = next(line for line in lines if line.strip().startswith("grid"))
+    assert grid.split() == ["grid", "(0,", "0,", "8", "x", "8)", "64", "12", "16,992"]
+    w = next(line for line in lines if line.strip().startswith("W "))
+    assert "(512, 512)" in w and "<f4" in w and "inline" in w and "1,048,576" in w
+    assert any(line.split()[:4] == ["x", "input", "f32", "(512,)"] for line in lines)
+    assert any(line.split()[:4] == ["y", "output", "f32", "(512,)"] for line in lines)
+
+
+def test_describe_external_tensors_and_meta():
+    src = """.tensor E, [4, 4], safetensors="m.safetensors", key="w", dtype=bf16
+.meta source = "hf"
+.region r, 0, 0, 1, 1
+    .alloc b, 32
+    .load E, b, bf16, tile=(4, 4)
+    halt
+.endregion
+"""
+    text = describe(assemble(src))
+    assert "external m.safetensors:w" in text and "bf16" in text and "32" in text
+    assert "meta: source='hf'" in text and "1 tensor load(s), 0 inline" in text
