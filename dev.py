@@ -41,12 +41,30 @@ def ensure_env(extras: str) -> None:
     stamp.write_text(want)
 
 
+def refresh_numba_cache() -> None:
+    """Drop Numba's on-disk cache when any jitted source changed.
+
+    Numba checks only the timestamp of a cached function's own file, so an edit to a kernel
+    that another module's jitted code calls would keep running the stale compiled callee.
+    """
+    sources = sorted([*ROOT.glob("kernels/*.py"), *ROOT.glob("emulator/core*.py")])
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()
+    stamp = VENV / ".numba-stamp"
+    if stamp.is_file() and stamp.read_text() == digest:
+        return
+    for cached in [*ROOT.glob("kernels/__pycache__/*.nb[ic]"),
+                   *ROOT.glob("emulator/__pycache__/*.nb[ic]")]:
+        cached.unlink()
+    stamp.write_text(digest)
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in EXTRAS:
         print(__doc__.strip())
         return 2
     job, rest = argv[0], argv[1:]
     ensure_env(EXTRAS[job])
+    refresh_numba_cache()
     if job == "demo":
         cmd = [str(BIN / "wse-emu"), "demo", *rest]
     else:

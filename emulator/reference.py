@@ -548,6 +548,7 @@ def run(loaded: Loaded, max_cycles: int | None = None, trace: bool = False,
         trace_cap: int = 1_000_000, progress=None) -> RunResult:
     """Run `loaded` to completion with the reference interpreter (mutates loaded.sram)."""
     t = time.perf_counter()
-    result = Reference(loaded, max_cycles, trace, trace_cap).run()
+    with np.errstate(all="ignore"):  # IEEE results (inf, nan) are the semantics, not errors
+        result = Reference(loaded, max_cycles, trace, trace_cap).run()
     result.host_seconds = time.perf_counter() - t
     return result

@@ -406,10 +406,11 @@ def _element_bits(v, fmt: str, index: int) -> int:
         if not 0 <= v.bits < 1 << width:
             raise BuildError(f"value {index}: fbits({v.bits:#x}) does not fit {width} bits")
         return v.bits
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
         raise BuildError(f"value {index} must be a number, got {v!r}")
     try:
-        return float_bits(v, fmt)
+        return float_bits(float(v) if isinstance(v, np.floating) else int(v)
+                          if isinstance(v, np.integer) else v, fmt)
     except (ValueError, OverflowError):
         raise BuildError(f"value {index} ({v!r}) is out of range for {fmt}") from None
 
