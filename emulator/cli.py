@@ -33,12 +33,13 @@ def user_errors(fn):
     def wrapper(*args, **kwargs):
         from emulator.load import LoadError
         from emulator.machine import MachineError
+        from isa.compiler.lower import CompileError
         from isa.errors import AsmError, FormatError
         from isa.tensors import TensorError
 
         try:
             return fn(*args, **kwargs)
-        except (AsmError, FormatError, LoadError, MachineError, TensorError) as e:
+        except (AsmError, FormatError, LoadError, MachineError, TensorError, CompileError) as e:
             raise UserError(str(e)) from None
         except OSError as e:
             raise UserError(f"{e.filename or ''}: {e.strerror}".lstrip(": ")) from None
@@ -215,6 +216,71 @@ def run(binary, machine_name, inputs, dump_dir, as_json, trace_path, plot_path, 
     if "problem" in d and not as_json:
         click.echo(f"wse-emu: {d['problem']}", err=True)
     sys.exit(report.EXIT_CODES[result.outcome])
+
+
+@main.command(name="compile")
+@click.argument("model", type=click.Path())
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="program.bin to write")
+@click.option("--machine", "machine_name", default="wse3", show_default=True)
+@click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32",
+              show_default=True, help="storage type of the resident weights")
+@click.option("--max-context", type=click.IntRange(min=1), help="KV-cache positions to reserve")
+@click.option("--shape-only", is_flag=True, help="from config.json alone, for timing-only runs")
+@click.option("--dump", multiple=True, metavar="PASS",
+              help="print the state after a pass: graph, stages, placement, routes")
+@click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
+@user_errors
+def compile_cmd(model, output, machine_name, dtype, max_context, shape_only, dump, as_json):
+    """Compile MODEL (an HF folder with config.json + model.safetensors, or a *.graph.json)."""
+    from emulator.machine import load_machine
+    from isa.binfmt import write_program
+    from isa.compiler.pipeline import compile_model
+
+    machine = load_machine(machine_name)
+    base = os.path.dirname(os.path.abspath(output))
+    program, rep = compile_model(model, machine, dtype=dtype, max_context=max_context,
+                                 shape_only=shape_only, dump=tuple(dump), base_dir=base)
+    write_program(program, output)
+    click.echo(json.dumps(rep.to_json(), indent=1) if as_json else str(rep))
+    click.echo(f"wrote {output}", err=True)
+
+
+@main.command()
+@click.argument("binary", type=click.Path(dir_okay=False))
+@click.option("--prompt-ids", required=True, metavar="1,2,3", help="prompt token ids")
+@click.option("--tokens", type=click.IntRange(min=1), default=8, show_default=True,
+              help="tokens to generate (greedy)")
+@click.option("--machine", "machine_name", default="wse3", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+@click.option("--reference", is_flag=True, help="use the pure-Python reference interpreter")
+@user_errors
+def generate(binary, prompt_ids, tokens, machine_name, as_json, reference):
+    """Greedy generation with a compiled decoder, one emulated decode step per token."""
+    from emulator.generate import Generator
+    from emulator.load import base_dir_of
+    from isa.binfmt import read_program
+
+    try:
+        ids = [int(t) for t in prompt_ids.split(",") if t.strip()]
+    except ValueError:
+        raise UserError(f"--prompt-ids {prompt_ids!r} must be integers separated by commas")
+    if not ids:
+        raise UserError("--prompt-ids needs at least one token id")
+    gen = Generator(read_program(binary), machine_name, base_dir=base_dir_of(binary),
+                    engine="reference" if reference else "core")
+    res = gen.generate(ids, tokens)
+    if as_json:
+        click.echo(json.dumps(res.to_json(), indent=1))
+        return
+    click.echo(f"generated ids   {','.join(map(str, res.generated_ids))}")
+    click.echo(f"emulated        {res.seconds_per_token * 1e6:.2f} us/token = "
+               f"{res.tokens_per_second:,.0f} tokens/s on {gen.machine.name}")
+    click.echo(f"cycles/token    {', '.join(f'{c:,}' for c in res.cycles_per_token)}")
+    click.echo(f"host            {res.host_seconds:.2f} s")
+    click.echo("per token       compute / waiting for wavelets / backpressure cycles (summed over PEs)")
+    for part, c in res.per_layer.items():
+        click.echo(f"  {part:<12}  {c['compute']:>12,} {c['fabric']:>12,} {c['stall']:>10,}")
 
 
 @main.command()
