@@ -1,0 +1,141 @@
+"""The host decode loop: run a compiled model once per token, with the KV cache kept in SRAM.
+
+A compiled decoder (isa.compiler) processes one position per run: the host writes the token
+into `input_ids` and its position into `position_ids`, runs every PE from pc 0, and reads
+`logits`. The runners leave SRAM as the program left it, so the K and V caches the attention
+PEs appended to are there for the next run. Prefill feeds the prompt token by token.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from emulator.load import LoadError, load, read_output, write_input
+from emulator.machine import Machine, load_machine
+from emulator.result import RUN_HALTED
+from isa.program import Program
+
+
+@dataclass
+class GenerateResult:
+    generated_ids: list[int]
+    cycles_per_token: list[int]  # cycles of the run that produced each generated token's logits
+    seconds_per_token: float  # emulated, mean
+    tokens_per_second: float  # emulated
+    host_seconds: float  # wall time of the whole generate() call
+    prefill_cycles: int  # the prompt runs before the last (whose cycles are cycles_per_token[0])
+    # "embed" | "layer i" | "head" -> cycles per token summed over the part's PEs: compute =
+    # busy, fabric = waiting for wavelets, stall = blocked by backpressure
+    per_layer: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+class Generator:
+    """Greedy decoding of a compiled decoder program on the emulator."""
+
+    def __init__(self, program: Program, machine: Machine | str = "wse3",
+                 base_dir: str | None = None, engine: str = "core"):
+        self.machine = load_machine(machine) if isinstance(machine, str) else machine
+        info = program.meta.get("compiler")
+        outputs = {s.name for s in program.symbols if s.kind == "output"}
+        if info is None or "logits" not in outputs:
+            raise LoadError(f"program '{program.name}' is not a compiled decoder (it needs "
+                            f"compiler metadata and a 'logits' output)")
+        shape = next(s.shape for s in program.symbols if s.name == "input_ids")
+        if tuple(shape) != (1,):
+            raise LoadError(f"program '{program.name}' runs {shape[0]} positions a run; the "
+                            f"decode loop needs one (compile with positions=1)")
+        self.program = program
+        self.max_context = int(info["max_context"])
+        self.layers = int(info["layers"])
+        self.loaded = load(program, self.machine, base_dir=base_dir)
+        self._initial = self.loaded.sram.copy()  # weights, code, empty caches
+        if engine == "reference":
+            from emulator.reference import run
+        else:
+            from emulator.core import run
+        self._run = run
+        self._layer_of_pe = self._pe_layers(info)
+        self.n_past = 0
+        self.last_result = None
+
+    def _pe_layers(self, info) -> np.ndarray:
+        # region names are "s<stage id>.<stage name>...": map every PE to its stage's layer
+        layers = [s["layer"] for s in info["stages"]]
+        region_layer = np.array([layers[int(r.name[1:].split(".", 1)[0])]
+                                 for r in self.program.regions], dtype=np.int64)
+        return region_layer[self.loaded.pe_region]
+
+    def reset(self) -> None:
+        """Forget the sequence: SRAM back to its loaded state (empty KV caches)."""
+        self.loaded.sram[:] = self._initial
+        self.n_past = 0
+
+    def step(self, token_id: int) -> np.ndarray:
+        """Append one token at the next position; its logits (vocab,) fp32."""
+        if self.n_past >= self.max_context:
+            raise LoadError(f"KV cache full: {self.n_past} positions cached, max_context "
+                            f"{self.max_context} (compile with a larger --max-context)")
+        write_input(self.loaded, "input_ids", np.array([token_id], dtype=np.int32))
+        write_input(self.loaded, "position_ids", np.array([self.n_past], dtype=np.int32))
+        result = self._run(self.loaded)
+        if result.outcome != RUN_HALTED:
+            raise LoadError(f"run for position {self.n_past} did not finish (outcome "
+                            f"{result.outcome}, cycle {result.cycles})")
+        self.last_result = result
+        self.n_past += 1
+        return read_output(self.loaded, "logits").reshape(-1)
+
+    def prefill(self, ids) -> np.ndarray:
+        """Start a new sequence with the prompt; the logits of its last token."""
+        ids = [int(i) for i in ids]
+        if not ids:
+            raise LoadError("prefill needs at least one prompt token")
+        self.reset()
+        for tok in ids:
+            logits = self.step(tok)
+        return logits
+
+    def generate(self, prompt_ids, n: int) -> GenerateResult:
+        """The n next tokens by argmax after the prompt (the prompt not included)."""
+        t0 = time.perf_counter()
+        ids = [int(i) for i in prompt_ids]
+        if n < 1:
+            raise LoadError("generate needs n >= 1 tokens")
+        self.reset()
+        prefill_cycles, cycles, out = 0, [], []
+        totals: dict[int, np.ndarray] = {}
+        for k, tok in enumerate(ids):
+            logits = self.step(tok)
+            if k + 1 < len(ids):
+                prefill_cycles += self.last_result.cycles
+        for i in range(n):
+            cycles.append(int(self.last_result.cycles))
+            self._account(totals)
+            out.append(int(np.argmax(logits)))
+            if i + 1 < n:
+                logits = self.step(out[-1])
+        spt = float(np.mean(cycles)) / self.machine.clock_hz
+        per_layer = {self._layer_name(k): {"compute": int(v[0] // n), "fabric": int(v[1] // n),
+                                           "stall": int(v[2] // n)}
+                     for k, v in sorted(totals.items())}
+        return GenerateResult(out, cycles, spt, 1.0 / spt, time.perf_counter() - t0,
+                              int(prefill_cycles), per_layer)
+
+    def _layer_name(self, layer: int) -> str:
+        if layer < 0:
+            return "embed"
+        return "head" if layer >= self.layers else f"layer {layer}"
+
+    def _account(self, totals: dict) -> None:
+        """Add the last run's busy / receive-wait / backpressure cycles to each layer's total."""
+        r = self.last_result
+        for layer in np.unique(self._layer_of_pe):
+            pes = self._layer_of_pe == layer
+            v = np.array([r.busy[pes].sum(), r.recv_stall[pes].sum(), r.bp_stall[pes].sum()])
+            totals[int(layer)] = totals.get(int(layer), 0) + v

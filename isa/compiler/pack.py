@@ -1,0 +1,133 @@
+"""Packing: the program's tensors (safetensors references), symbols, metadata and report.
+
+Weights are never copied: every WeightRef becomes a Program Tensor naming its safetensors file
+(relative to the output folder when it can be) and key with its stored shape; tile maps pick
+the slices. Host symbols are named as in transformers: `input_ids`, `position_ids` (inputs,
+one position per run), `logits` / `last_hidden_state` (outputs).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from isa.builder import ProgramBuilder
+from isa.compiler.lower import CompileError, Plan
+from isa.compiler.placement import Placed
+from isa.graph import WeightRef
+from isa.program import Program
+from isa.tensors import safetensors_index
+
+_ST_DTYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
+
+
+class Weights:
+    """Program tensors for WeightRefs: one per (file, key), declared on first use."""
+
+    def __init__(self, pb: ProgramBuilder, base_dir: str | None):
+        self.pb = pb
+        self.base_dir = Path(base_dir).resolve() if base_dir else None
+        self.names: dict[tuple[str, str], str] = {}
+        self.headers: dict[str, dict] = {}
+
+    def tensor(self, ref: WeightRef) -> str:
+        key = (ref.file, ref.key)
+        if key in self.names:
+            return self.names[key]
+        if ref.file not in self.headers:
+            self.headers[ref.file] = safetensors_index(Path(ref.file))[0]
+        info = self.headers[ref.file][ref.key]
+        name = f"w{len(self.names)}"
+        file = ref.file
+        if self.base_dir is not None:
+            try:
+                file = str(Path(ref.file).resolve().relative_to(self.base_dir))
+            except ValueError:
+                pass
+        self.pb.tensor(name, file=file, key=ref.key, shape=tuple(info["shape"]),
+                       dtype=_ST_DTYPES[info["dtype"]])
+        self.names[key] = name
+        return name
+
+
+@dataclass
+class CompileReport:
+    """What the compiler did, for people: PEs, SRAM, colors, where each layer sits."""
+
+    model: str
+    machine: str
+    dtype: str
+    max_context: int
+    fabric: tuple[int, int]  # the box the program uses (w, h)
+    pes: int
+    sram_max: int
+    sram_mean: float
+    colors: int
+    stages: list = field(default_factory=list)  # dicts: name, kind, layer, rect, pes, sram
+
+    def layers(self) -> dict:
+        """Per layer: the rectangles (x, y, w, h) of its stages."""
+        out: dict[str, list] = {}
+        for s in self.stages:
+            out.setdefault(str(s["layer"]), []).append(s["rect"])
+        return out
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__, fabric=list(self.fabric))
+
+    def __str__(self) -> str:
+        lines = [f"{self.model}: {self.pes} PEs in a {self.fabric[0]} x {self.fabric[1]} box of "
+                 f"machine '{self.machine}', {self.colors} colors, weights {self.dtype}, "
+                 f"max_context {self.max_context}",
+                 f"SRAM per PE: max {self.sram_max} bytes, mean {self.sram_mean:.0f} bytes",
+                 f"{'stage':<34} {'kind':<7} {'at (x, y)':<12} {'w x h':<9} {'PEs':>6} "
+                 f"{'SRAM/PE':>8}"]
+        for s in self.stages:
+            x, y, w, h = s["rect"]
+            lines.append(f"{s['name'][:34]:<34} {s['kind']:<7} {f'({x}, {y})':<12} "
+                         f"{f'{w} x {h}':<9} {w * h:>6} {s['sram']:>8}")
+        return "\n".join(lines)
+
+
+def declare_symbols(pb: ProgramBuilder, plan: Plan) -> None:
+    for name, shape in plan.symbols.items():
+        if name in ("input_ids", "position_ids"):
+            pb.input(name, "i32", shape)
+        else:
+            pb.output(name, "f32", shape)
+
+
+def pack(pb: ProgramBuilder, plan: Plan, placed: list[Placed], machine, dtype: str,
+         model: str) -> tuple[Program, CompileReport]:
+    """Build the Program and its report."""
+    cfg = plan.graph.config
+    stages = [dict(name=s.name, kind=s.kind, layer=s.layer, rect=(p.rect.x, p.rect.y, p.rect.w,
+                                                                  p.rect.h))
+              for s, p in zip(plan.stages, placed)]
+    pb.meta("compiler", {"family": cfg.family, "dtype": dtype, "max_context": cfg.max_context,
+                         "vocab": cfg.vocab, "hidden": cfg.hidden, "layers": cfg.layers,
+                         "stages": [dict(s, rect=list(s["rect"])) for s in stages]})
+    program = pb.build()
+    sram_of = {r.name: program.region_sram_bytes(r) for r in program.regions}
+    worst = max(program.regions, key=lambda r: sram_of[r.name])
+    if sram_of[worst.name] > machine.sram_bytes:  # placement estimates code size: check it
+        raise CompileError(f"region '{worst.name}' needs {sram_of[worst.name]} bytes of SRAM "
+                           f"per PE but machine '{machine.name}' has {machine.sram_bytes}: use "
+                           f"fewer positions a run, a smaller max_context or 16-bit weights")
+    per_pe = [(sram_of[r.name], r.rect.size) for r in program.regions]
+    pes = sum(n for _, n in per_pe)
+    by_stage: dict[int, int] = {}
+    for r in program.regions:  # region names are "s<stage id>.<stage name>..."
+        sid = int(r.name[1:].split(".", 1)[0])
+        by_stage[sid] = max(by_stage.get(sid, 0), sram_of[r.name])
+    for i, s in enumerate(stages):
+        s["sram"] = by_stage.get(i, 0)
+    box = program.bounding_box()
+    report = CompileReport(
+        model=model, machine=machine.name, dtype=dtype, max_context=cfg.max_context,
+        fabric=(box.w, box.h), pes=pes, sram_max=max(b for b, _ in per_pe),
+        sram_mean=sum(b * n for b, n in per_pe) / pes, colors=program.colors_used(),
+        stages=stages)
+    json.dumps(report.to_json())  # the report must stay JSON-able for the CLI's --json
+    return program, report

@@ -1,0 +1,153 @@
+"""The compiler pipeline: a model (HF folder or *.graph.json) -> a mesh Program and a report.
+
+One straight function; each step is a pass with a one-line comment, and `dump` names the
+passes after which the state is printed (to `dump_to`, stderr by default):
+
+    graph      the bound layer graph (isa.graph.format_graph)
+    stages     the stage chain and the flows between stages (lower)
+    placement  every stage's rectangle and tiling (place)
+    routes     every flow's color and the route rule count (route)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from isa.builder import ProgramBuilder
+from isa.compiler.codegen import Codegen
+from isa.compiler.lower import CompileError, Plan, lower
+from isa.compiler.pack import CompileReport, Weights, declare_symbols, pack
+from isa.compiler.placement import DoesNotFit, Placed, place
+from isa.compiler.routing import route
+from isa.errors import BuildError
+from isa.graph import Graph, GraphError, bind_positions, format_graph, from_json, verify
+
+DTYPE_NAMES = {"f32": "f32", "fp32": "f32", "f16": "f16", "fp16": "f16", "bf16": "bf16"}
+DUMPS = ("graph", "stages", "placement", "routes")
+
+
+def load_graph(source, shape_only: bool = False, max_context: int | None = None) -> Graph:
+    """The layer graph of an HF model folder or a *.graph.json file."""
+    path = Path(source)
+    if path.is_dir():
+        from isa.frontends.hf import FrontendError, load_hf
+        try:
+            return load_hf(path, shape_only=shape_only, max_context=max_context)
+        except FrontendError as e:
+            raise CompileError(str(e)) from None
+    try:
+        graph = from_json(path.read_text())
+    except FileNotFoundError:
+        raise CompileError(f"{path}: no such file or folder (expected an HF model folder or "
+                           f"a *.graph.json)") from None
+    except GraphError as e:
+        raise CompileError(f"{path}: {e}") from None
+    return graph
+
+
+def compile_model(source, machine, dtype: str = "f32", max_context: int | None = None,
+                  shape_only: bool = False, positions: int | None = None,
+                  dump: tuple[str, ...] = (), dump_to=None, base_dir: str | None = None) -> tuple:
+    """Compile `source` for `machine` (an emulator.machine.Machine or any object with name,
+    width, height, colors and sram_bytes). Returns (Program, CompileReport); CompileError (one
+    line) when the model cannot be mapped or does not fit.
+
+    positions = T, the positions one run processes: default 1 for decoders (one decode step
+    a run, the KV cache kept in SRAM between runs) and max_context for encoders (bidirectional
+    attention needs the whole sequence in one run). Weight tensors are referenced relative to
+    `base_dir` (the folder the program.bin will be written to) when given."""
+    if not all(hasattr(machine, k) for k in ("name", "width", "height", "colors", "sram_bytes")):
+        raise CompileError(f"machine must be a machine preset object (emulator.machine."
+                           f"load_machine), got {machine!r}")
+    if dtype not in DTYPE_NAMES:
+        raise CompileError(f"dtype {dtype!r} is not supported (fp32, fp16, bf16)")
+    dtype = DTYPE_NAMES[dtype]
+    unknown = [d for d in dump if d not in DUMPS]
+    if unknown:
+        raise CompileError(f"cannot dump {unknown[0]!r} (passes: {', '.join(DUMPS)})")
+    out = dump_to or sys.stderr
+    graph = load_graph(source, shape_only, max_context)
+    if max_context is not None and graph.config.max_context != max_context:
+        raise CompileError(f"{source}: a graph.json fixes max_context "
+                           f"{graph.config.max_context}; recompile the graph to change it")
+    # bind: T positions a run (decode: 1, prefill feeds the prompt token by token)
+    if positions is None:
+        decoder = any(n.name == "logits" for n in graph.outputs)
+        positions = 1 if decoder else graph.config.max_context
+    if not isinstance(positions, int) or not 1 <= positions <= graph.config.max_context:
+        raise CompileError(f"positions must be 1..max_context ({graph.config.max_context}), "
+                           f"got {positions!r}")
+    graph = bind_positions(graph, positions)
+    if "graph" in dump:
+        print(format_graph(graph), file=out)
+    # lower: layer graph -> chain of stages and the flows between them
+    plan = lower(graph)
+    verify(plan.graph)
+    if "stages" in dump:
+        print(format_stages(plan), file=out)
+    # placement: a rectangle and a tiling per stage, checked against SRAM and the fabric
+    placed = place_fastest(plan, machine, dtype, pad_last=shape_only)
+    if "placement" in dump:
+        print(format_placement(plan, placed), file=out)
+    # routing: multicast trees and chains, colors allocated without conflicts
+    rules, own = route(plan, placed, machine)
+    if "routes" in dump:
+        print(f"{len(rules)} route rules; flow colors: " +
+              ", ".join(f"{f.what}={f.color}" for f in plan.flows), file=out)
+    # codegen: per-stage code, buffers and weight loads through isa.builder
+    pb = ProgramBuilder(Path(str(source)).name.replace(".graph.json", "") or "model")
+    declare_symbols(pb, plan)
+    for r in rules:
+        pb.route(r.rect.x, r.rect.y, r.rect.w, r.rect.h, r.color, r.rx, r.tx)
+    Codegen(pb, plan, placed, own, Weights(pb, base_dir), dtype, shape_only).run()
+    # pack: symbols, tensors by reference, metadata, and the report
+    try:
+        return pack(pb, plan, placed, machine, dtype, pb.name)
+    except BuildError as e:
+        raise CompileError(f"internal: the generated program is invalid: {e}") from None
+
+
+def place_fastest(plan: Plan, machine, dtype: str, pad_last: bool) -> list[Placed]:
+    """The placement with the smallest weight tiles (so the fewest cycles a matmul) whose stages
+    still fit the machine: the tile cap starts where the weights would fill half the fabric and
+    doubles until the model fits, ending at tiles as large as SRAM holds."""
+    weights = sum(m.out * s.in_len for s in plan.stages for m in s.matrices)
+    cap = 256
+    while cap * machine.width * machine.height // 2 < weights:
+        cap *= 2
+    while cap < machine.sram_bytes:
+        try:
+            return place(plan, machine, dtype, pad_last, max_tile=cap)
+        except DoesNotFit:
+            cap *= 2
+    return place(plan, machine, dtype, pad_last)
+
+
+def format_stages(plan: Plan) -> str:
+    lines = [f"{len(plan.stages)} stages, {len(plan.flows)} flows"]
+    for s in plan.stages:
+        extra = ""
+        if s.kind == "gemv":
+            extra = (f" {s.out_len} x {s.in_len} [{', '.join(m.weight for m in s.matrices)}]"
+                     f"{' prologue ' + s.prologue if s.prologue else ''}"
+                     f"{' act ' + s.activation if s.activation else ''}")
+        elif s.kind == "vector":
+            extra = " " + "; ".join(f"{op[1]} = {op[0]}({', '.join(op[2])})" for op in s.ops)
+        lines.append(f"  #{s.id} {s.kind:<6} {s.name}{extra}")
+    for f in plan.flows:
+        lines.append(f"  flow {f.id}: #{f.src} -> #{f.dst}, {f.length} elements ({f.what})")
+    return "\n".join(lines)
+
+
+def format_placement(plan: Plan, placed: list[Placed]) -> str:
+    lines = []
+    for s, p in zip(plan.stages, placed):
+        r = p.rect
+        tile = f" tile {p.tr} x {p.tc}" if p.tr else ""
+        lines.append(f"  #{s.id} {s.name:<30} at ({r.x}, {r.y}) {r.w} x {r.h}{tile} "
+                     f"~{p.sram} B/PE")
+    return "\n".join(lines)
+
+
+__all__ = ["compile_model", "load_graph", "CompileError", "CompileReport"]
