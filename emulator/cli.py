@@ -181,9 +181,15 @@ def run(binary, machine_name, inputs, dump_dir, as_json, trace_path, plot_path, 
             raise UserError(f"--input {name}: the program has no input {name!r} "
                             f"(inputs: {', '.join(declared) or 'none'})")
     for name in declared:
-        if name not in given:
+        if name in given:
+            write_input(loaded, name, load_npy(given[name], f"--input {name}"))
+        elif name == "position_ids":  # as in transformers: positions 0 .. T-1 by default
+            import numpy as np
+
+            shape = next(s.shape for s in program.symbols if s.name == name)
+            write_input(loaded, name, np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape))
+        else:
             raise UserError(f"input {name!r} not given: pass --input {name}=FILE.npy")
-        write_input(loaded, name, load_npy(given[name], f"--input {name}"))
     if reference:
         from emulator.reference import run as engine
     else:
