@@ -47,7 +47,8 @@ def refresh_numba_cache() -> None:
     Numba checks only the timestamp of a cached function's own file, so an edit to a kernel
     that another module's jitted code calls would keep running the stale compiled callee.
     """
-    sources = sorted([*ROOT.glob("kernels/*.py"), *ROOT.glob("emulator/core*.py")])
+    sources = sorted([*ROOT.glob("kernels/*.py"), *ROOT.glob("emulator/core*.py"),
+                      ROOT / "isa" / "spec.py", ROOT / "emulator" / "result.py"])
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()
     stamp = VENV / ".numba-stamp"
     if stamp.is_file() and stamp.read_text() == digest:

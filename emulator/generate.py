@@ -81,12 +81,15 @@ class Generator:
         if self.n_past >= self.max_context:
             raise LoadError(f"KV cache full: {self.n_past} positions cached, max_context "
                             f"{self.max_context} (compile with a larger --max-context)")
+        vocab = int(np.prod(next(s.shape for s in self.program.symbols if s.name == "logits")))
+        if not 0 <= int(token_id) < vocab:
+            raise LoadError(f"token id {token_id} is outside the vocabulary (0..{vocab - 1})")
         write_input(self.loaded, "input_ids", np.array([token_id], dtype=np.int32))
         write_input(self.loaded, "position_ids", np.array([self.n_past], dtype=np.int32))
         result = self._run(self.loaded)
         if result.outcome != RUN_HALTED:
-            raise LoadError(f"run for position {self.n_past} did not finish (outcome "
-                            f"{result.outcome}, cycle {result.cycles})")
+            raise LoadError(f"run for position {self.n_past} did not finish: "
+                            f"{result.outcome_name} at cycle {result.cycles}")
         self.last_result = result
         self.n_past += 1
         return read_output(self.loaded, "logits").reshape(-1)

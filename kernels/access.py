@@ -61,7 +61,10 @@ def gather(sram_f32, sram_u16, base, n, stride, count, cstride, dtype, first, k,
     if _contiguous(n, stride, count, cstride):
         start = origin + first
         if dtype == DT_F32:
-            out[:k] = sram_f32[start:start + k]
+            # an element loop, not a slice copy: Numba's slice assignment costs more than a
+            # short vector's worth of loads, and most tensor ops name short vectors
+            for i in range(k):
+                out[i] = sram_f32[start + i]
         elif dtype == DT_F16:
             for i in range(k):
                 out[i] = f16_to_f32(sram_u16[start + i])
@@ -92,7 +95,8 @@ def scatter(sram_f32, sram_u16, base, n, stride, count, cstride, dtype, first, k
     if _contiguous(n, stride, count, cstride):
         start = origin + first
         if dtype == DT_F32:
-            sram_f32[start:start + k] = vals[:k]
+            for i in range(k):
+                sram_f32[start + i] = vals[i]
         elif dtype == DT_F16:
             for i in range(k):
                 sram_u16[start + i] = f32_to_f16(vals[i])

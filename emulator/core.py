@@ -1,0 +1,128 @@
+"""The Numba core: runs a Loaded program exactly as docs/timing-model.md (and the reference
+interpreter, emulator/reference.py) defines, fast.
+
+    result = run(loaded, max_cycles=None, trace=False, trace_cap=1_000_000, progress=None)
+
+The jitted loop (core_sched.run_slice) works on the arrays of a core_state.State and returns
+here after a budget of steps, so that `progress(cycles, instructions)` is called about every
+half second, and whenever a pool must grow; the driver grows it and re-enters.
+
+PEs run ahead through local instructions by default (core_sched explains why that is exact). A
+run that ends in a fault is the exception: PEs other than the faulting one may have run past
+the fault's cycle. So the loop logs the original contents of every SRAM byte a PE writes (once:
+what each write adds to the span the PE has written so far, so the cost is the bytes written,
+not the SRAM size), and the driver replays a faulting run in strict order from the restored
+SRAM: its state then equals the reference's. Traced runs use strict order throughout, so the
+trace lists chunks in the reference's order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import numpy as np
+
+from emulator.core_sched import R_CLOCK_LIMIT, R_CONTINUE, R_DONE, R_GROW, run_slice
+from emulator.core_state import (
+    K_FAULT_PE, K_FAULT_REASON, K_HEAP_N, K_HOPS, K_INSTR_TOTAL, K_MESSAGES, K_OUTCOME, K_TRACE_N,
+    K_WAVELETS, L_WAVELETS, MP_PE_BITS, P_BPSTALL, P_BUSY, P_CLOCK, P_INSTR, P_PC, P_RSTALL,
+    P_STATUS, P_WAIT, State, max_clock)
+from emulator.core_undo import restore_sram
+from emulator.load import Loaded
+from emulator.result import RUN_FAULT, RUN_MAX_CYCLES, RunResult
+
+PROGRESS_SECONDS = 0.5
+FIRST_BUDGET = 1 << 20  # steps before the first return to the driver when reporting progress
+MIN_BUDGET = 1 << 12
+FULL_BUDGET = 1 << 62
+
+
+def _drop_stale_cache() -> None:
+    """Numba revalidates a cached function against its own source file only, yet the core's
+    cached machine code contains the kernels and sibling modules it calls and inlines (and the
+    constants of isa.spec and emulator.result): after any of those changes, drop the core's
+    cache so that it is compiled afresh rather than run stale."""
+    here = Path(__file__).resolve().parent
+    deps = (sorted(here.glob("core*.py")) + sorted((here.parent / "kernels").glob("*.py"))
+            + [here / "result.py", here.parent / "isa" / "spec.py"])
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in deps)).hexdigest()
+    try:
+        cache = Path(run_slice._cache._cache_path)
+        stamp = cache / "core-sources.sha256"
+        if stamp.is_file() and stamp.read_text() == digest:
+            return
+        for f in cache.glob("core*.nb[ic]"):
+            f.unlink(missing_ok=True)
+        stamp.write_text(digest)
+    except (AttributeError, OSError):  # no cache (read-only install, other Numba): nothing stale
+        pass
+
+
+_drop_stale_cache()
+
+
+def run(loaded: Loaded, max_cycles: int | None = None, trace: bool = False,
+        trace_cap: int = 1_000_000, progress=None) -> RunResult:
+    """Run `loaded` to its end (mutates loaded.sram; read outputs with load.read_output)."""
+    t = time.perf_counter()
+    if loaded.sram.size < loaded.n_pes * loaded.pe_stride:
+        raise ValueError("this Loaded has no SRAM contents (with_data=False): the core runs "
+                         "functional programs only")
+    if loaded.pe_stride >= 1 << 31:  # the core's address checks assume less (core_exec.FAR)
+        raise ValueError(f"{loaded.pe_stride} bytes of SRAM per PE: the core supports < 2 GiB")
+    state = State(loaded, max_cycles, trace, trace, trace_cap)
+    _drive(state, progress)
+    if int(state.counters[K_OUTCOME]) == RUN_FAULT and not trace:
+        restore_sram(state.sram_u16, state.undo, state.undo_data, state.counters)
+        state = State(loaded, max_cycles, True, trace, trace_cap)
+        _drive(state, progress)
+    result = _result(state, max_cycles)
+    result.host_seconds = time.perf_counter() - t
+    return result
+
+
+def _drive(state: State, progress) -> None:
+    budget = FIRST_BUDGET if progress is not None else FULL_BUDGET
+    last = time.perf_counter()
+    while True:
+        t = time.perf_counter()
+        code = run_slice(*state.args(), budget)
+        if code == R_DONE:
+            return
+        if code == R_GROW:
+            state.grow()
+        elif code == R_CLOCK_LIMIT:
+            raise RuntimeError(f"the run passed cycle {max_clock(state.loaded.n_pes)}, the "
+                               f"latest the core can schedule: rerun with --max-cycles")
+        elif code == R_CONTINUE:
+            # aim each slice at a fraction of the reporting period, whatever a step costs
+            spent = max(time.perf_counter() - t, 1e-6)
+            budget = int(min(max(budget * (PROGRESS_SECONDS / 4) / spent, MIN_BUDGET), 1 << 28))
+        now = time.perf_counter()
+        if progress is not None and now - last >= PROGRESS_SECONDS:
+            last = now
+            heap_n = int(state.counters[K_HEAP_N])
+            clock = (int(state.heap[0]) >> int(state.mp[MP_PE_BITS]) if heap_n
+                     else int(state.pe[:, P_CLOCK].max()))
+            progress(clock, int(state.counters[K_INSTR_TOTAL]))
+
+
+def _result(state: State, max_cycles: int | None) -> RunResult:
+    pe, k = state.pe, state.counters
+    outcome = int(k[K_OUTCOME])
+    cycles = int(pe[:, P_CLOCK].max(initial=0))
+    if outcome == RUN_MAX_CYCLES:
+        cycles = int(max_cycles)
+    n_trace = int(k[K_TRACE_N])
+    return RunResult(
+        outcome=outcome, cycles=cycles, pc=pe[:, P_PC].astype(np.int32),
+        status=pe[:, P_STATUS].astype(np.int32), clock=pe[:, P_CLOCK].copy(),
+        wait_color=pe[:, P_WAIT].astype(np.int32), instructions=pe[:, P_INSTR].copy(),
+        busy=pe[:, P_BUSY].copy(), recv_stall=pe[:, P_RSTALL].copy(),
+        bp_stall=pe[:, P_BPSTALL].copy(), class_counts=state.class_counts(),
+        link_wavelets=state.link[:, L_WAVELETS].copy(), messages=int(k[K_MESSAGES]),
+        wavelets=int(k[K_WAVELETS]), wavelet_hops=int(k[K_HOPS]),
+        fault_pe=int(k[K_FAULT_PE]), fault_reason=int(k[K_FAULT_REASON]),
+        trace=[tuple(row) for row in state.trace[:n_trace].tolist()])

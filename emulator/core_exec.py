@@ -1,0 +1,403 @@
+"""Instructions of the Numba core: scalar integer, float and descriptor instructions, and what
+tensor ops share (operand checks, SIMD widths, chunk timing), per docs/timing-model.md
+sections 2 to 4 and 6. emulator/reference.py is the readable twin; tensor ops: core_tensor.py.
+
+Scalar executors return the next pc (or -reason); the others return an X_* code. A fault is
+recorded in the PE's P_FAULT column and leaves its state untouched (pc on the faulting
+instruction): the scheduler reports it when that PE's key comes first, so that the first fault
+in (clock, PE) order wins even when PEs run ahead.
+An instruction that needs a bigger pool or buffer returns X_GROW before changing anything and
+is retried after the driver has grown it. All arithmetic is done by kernels/.
+"""
+
+import numpy as np
+from numba import njit
+
+from emulator.core_fabric import need
+from emulator.core_state import (
+    CK_FMAC, CK_MOVE, CK_SPECIAL, D_ADDR, D_COLOR, D_COUNT, D_CSTRIDE, D_DTYPE, D_KIND, D_LEN,
+    D_STRIDE, FABOUT_BIT, K_CLASS0, K_INSTR_TOTAL, K_TRACE_N, MP_PE_STRIDE, MP_TRACE_CAP,
+    NEED_TRACE, P_BUSY, P_CLOCK, P_DONE, P_FABRIC, P_FAULT, P_INSTR, P_PC, P_RSTALL, P_STATUS,
+    S_ADD, S_ADDI, S_AND, S_ANDI, S_BEQ, S_BGE, S_BINARY, S_BLT, S_BNE, S_D2D, S_DADDR, S_DFIN,
+    S_DFOUT, S_DIV, S_DLEN, S_DMEM, S_DSTRIDE, S_FADD, S_FDIV, S_FEXP, S_FILL, S_FLI, S_FLW, S_FMA,
+    S_FMAX, S_FMIN, S_FMOV, S_FMUL, S_FRSQRT, S_FSQRT, S_FSUB, S_FSW, S_FTOI, S_HALT, S_ITOF, S_JMP,
+    S_LI, S_LW, S_MATRIX, S_MOV, S_MUL, S_MULI, S_OR, S_RDOT, S_REM, S_RMAX, S_RSUM, S_SHLI, S_SHRI,
+    S_SLT, S_SUB, S_SW, S_TENSOR, S_XOR, V_CONVERT, V_F16, V_F32, V_MIXED, V_SPECIAL, X_FAULT)
+from emulator.core_undo import note_write
+from emulator.result import (F_ALIGN, F_COUNT, F_DEST_NOT_MEM, F_FABIN_DEST, F_FABOUT_SRC, F_OOB,
+                             F_SAME_COLOR, F_SCALAR_MEM, F_TARGET, ST_HALT)
+from isa.spec import DSD_FABIN, DSD_FABOUT, DSD_MEM, DTYPES
+from kernels import scalar
+from kernels.access import gather, scatter
+from kernels.convert import f32_from_bits
+from kernels.cost import compute_cycles
+
+DT_F32 = DTYPES["f32"]
+# Magnitudes beyond which an address computation is certainly outside any SRAM: checking
+# against them first keeps the exact int64 arithmetic below free of overflow.
+FAR = 1 << 50
+MANY = 1 << 62  # element counts saturate here (nothing that large can run)
+MANY_ROWS = 1 << 46
+SHORT = 1 << 20  # (len - 1) * stride of shorter descriptors cannot overflow
+
+
+@njit(cache=True)
+def _fault(pe, p, reason):
+    pe[p, P_FAULT] = reason
+    return X_FAULT
+
+
+# ---------------------------------------------------------------------------------------------
+# Scalar instructions: each returns the next pc, or -reason for a fault.
+
+
+@njit(cache=True)
+def _target(t, code_len):
+    return t if 0 <= t < code_len else -F_TARGET
+
+
+@njit(cache=True, inline="always")
+def _word_index(p, addr, pe_stride):
+    """Index into the int32/fp32 view of SRAM of PE p's byte address, or -1 if not allowed."""
+    if addr < 0 or addr > pe_stride - 4 or addr & 3 != 0:
+        return -1
+    return (p * pe_stride + addr) // 4
+
+
+@njit(cache=True)
+def _trunc_div(a, b):
+    """a / b rounded toward zero with int64 wrap-around (b != 0)."""
+    if b == -1:
+        return -a
+    q = a // b
+    if q * b != a and (a < 0) != (b < 0):
+        q += 1
+    return q
+
+
+@njit(cache=True, inline="always")
+def exec_int(p, sem, a, b, c, imm, pc, code_len, pe, ireg, sram_i32, sram_u16, undo, undo_data,
+             counters, mp):
+    nxt = pc + 1
+    if sem == S_HALT:
+        pe[p, P_STATUS] = ST_HALT
+    elif sem == S_JMP:
+        nxt = _target(imm, code_len)
+    elif sem == S_BEQ:
+        if ireg[p, a] == ireg[p, b]:
+            nxt = _target(imm, code_len)
+    elif sem == S_BNE:
+        if ireg[p, a] != ireg[p, b]:
+            nxt = _target(imm, code_len)
+    elif sem == S_BLT:
+        if ireg[p, a] < ireg[p, b]:
+            nxt = _target(imm, code_len)
+    elif sem == S_BGE:
+        if ireg[p, a] >= ireg[p, b]:
+            nxt = _target(imm, code_len)
+    elif sem == S_LI:
+        ireg[p, a] = imm
+    elif sem == S_MOV:
+        ireg[p, a] = ireg[p, b]
+    elif sem == S_ADD:
+        ireg[p, a] = ireg[p, b] + ireg[p, c]
+    elif sem == S_SUB:
+        ireg[p, a] = ireg[p, b] - ireg[p, c]
+    elif sem == S_MUL:
+        ireg[p, a] = ireg[p, b] * ireg[p, c]
+    elif sem == S_DIV:
+        y = ireg[p, c]
+        ireg[p, a] = 0 if y == 0 else _trunc_div(ireg[p, b], y)
+    elif sem == S_REM:
+        x, y = ireg[p, b], ireg[p, c]
+        ireg[p, a] = 0 if y == 0 else x - y * _trunc_div(x, y)
+    elif sem == S_AND:
+        ireg[p, a] = ireg[p, b] & ireg[p, c]
+    elif sem == S_OR:
+        ireg[p, a] = ireg[p, b] | ireg[p, c]
+    elif sem == S_XOR:
+        ireg[p, a] = ireg[p, b] ^ ireg[p, c]
+    elif sem == S_SLT:
+        ireg[p, a] = 1 if ireg[p, b] < ireg[p, c] else 0
+    elif sem == S_ADDI:
+        ireg[p, a] = ireg[p, b] + imm
+    elif sem == S_MULI:
+        ireg[p, a] = ireg[p, b] * imm
+    elif sem == S_ANDI:
+        ireg[p, a] = ireg[p, b] & imm
+    elif sem == S_SHLI:
+        ireg[p, a] = ireg[p, b] << (imm & 63)
+    elif sem == S_SHRI:
+        ireg[p, a] = ireg[p, b] >> (imm & 63)
+    elif sem == S_LW or sem == S_SW:
+        addr = ireg[p, b] + imm
+        w = _word_index(p, addr, mp[MP_PE_STRIDE])
+        if w < 0:
+            return -F_SCALAR_MEM
+        if sem == S_LW:
+            ireg[p, a] = np.int64(sram_i32[w])
+        else:
+            note_write(p, addr, addr + 4, pe, sram_u16, undo, undo_data, counters, mp)
+            sram_i32[w] = np.int32(ireg[p, a] & 0xFFFFFFFF)
+    return nxt
+
+
+@njit(cache=True, inline="always")
+def exec_float(p, sem, a, b, c, imm, pc, pe, ireg, freg, sram_f32, sram_u16, undo, undo_data,
+               counters, mp):
+    if sem == S_FLI:
+        freg[p, a] = f32_from_bits(imm)
+    elif sem == S_FMOV:
+        freg[p, a] = freg[p, b]
+    elif sem == S_FADD:
+        freg[p, a] = freg[p, b] + freg[p, c]
+    elif sem == S_FSUB:
+        freg[p, a] = freg[p, b] - freg[p, c]
+    elif sem == S_FMUL:
+        freg[p, a] = freg[p, b] * freg[p, c]
+    elif sem == S_FMAX:
+        freg[p, a] = scalar.fmax(freg[p, b], freg[p, c])
+    elif sem == S_FMIN:
+        freg[p, a] = scalar.fmin(freg[p, b], freg[p, c])
+    elif sem == S_FDIV:
+        freg[p, a] = scalar.fdiv(freg[p, b], freg[p, c])
+    elif sem == S_FEXP:
+        freg[p, a] = scalar.fexp(freg[p, b])
+    elif sem == S_FRSQRT:
+        freg[p, a] = scalar.frsqrt(freg[p, b])
+    elif sem == S_FSQRT:
+        freg[p, a] = scalar.fsqrt(freg[p, b])
+    elif sem == S_ITOF:
+        freg[p, a] = np.float32(ireg[p, b])
+    elif sem == S_FTOI:
+        v = np.float64(freg[p, b])
+        ireg[p, a] = np.int64(v) if np.isfinite(v) and abs(v) < 9.223372036854775808e18 else 0
+    elif sem == S_FLW or sem == S_FSW:
+        addr = ireg[p, b] + imm
+        w = _word_index(p, addr, mp[MP_PE_STRIDE])
+        if w < 0:
+            return -F_SCALAR_MEM
+        if sem == S_FLW:
+            freg[p, a] = sram_f32[w]
+        else:
+            note_write(p, addr, addr + 4, pe, sram_u16, undo, undo_data, counters, mp)
+            sram_f32[w] = freg[p, a]
+    return pc + 1
+
+
+@njit(cache=True, inline="always")
+def exec_desc(p, sem, a, b, c, imm, il, ih, pe, ireg, dsd):
+    if sem == S_DMEM or sem == S_DFIN or sem == S_DFOUT:
+        bits = np.int64(1) << a | np.int64(1) << (FABOUT_BIT + a)
+        pe[p, P_FABRIC] &= ~bits
+        if sem == S_DFIN:
+            pe[p, P_FABRIC] |= np.int64(1) << a
+        elif sem == S_DFOUT:
+            pe[p, P_FABRIC] |= np.int64(1) << (FABOUT_BIT + a)
+    if sem == S_DMEM:
+        dsd[p, a, D_KIND] = DSD_MEM
+        dsd[p, a, D_ADDR] = il
+        dsd[p, a, D_LEN] = ih
+        dsd[p, a, D_STRIDE] = 1
+        dsd[p, a, D_COUNT] = 1
+        dsd[p, a, D_CSTRIDE] = ih
+        dsd[p, a, D_DTYPE] = b
+        dsd[p, a, D_COLOR] = 0
+    elif sem == S_DFIN or sem == S_DFOUT:
+        dsd[p, a, D_KIND] = DSD_FABIN if sem == S_DFIN else DSD_FABOUT
+        dsd[p, a, D_ADDR] = 0
+        dsd[p, a, D_LEN] = imm
+        dsd[p, a, D_STRIDE] = 1
+        dsd[p, a, D_COUNT] = 1
+        dsd[p, a, D_CSTRIDE] = imm
+        dsd[p, a, D_DTYPE] = b
+        dsd[p, a, D_COLOR] = c
+    elif sem == S_DSTRIDE:
+        dsd[p, a, D_STRIDE] = imm
+    elif sem == S_D2D:
+        dsd[p, a, D_COUNT] = il
+        dsd[p, a, D_CSTRIDE] = ih
+    elif sem == S_DADDR:
+        dsd[p, a, D_ADDR] = ireg[p, b] + imm
+    elif sem == S_DLEN:
+        dsd[p, a, D_LEN] = ireg[p, b]
+
+
+# ---------------------------------------------------------------------------------------------
+# Descriptor operands.
+
+
+@njit(cache=True, inline="always")
+def elements(dsd, p, r):
+    """Elements descriptor r names: len * count (SRAM) or len (fabric); -1 if negative."""
+    n, count = dsd[p, r, D_LEN], dsd[p, r, D_COUNT]
+    if n < 0 or count < 0:
+        return -1
+    if dsd[p, r, D_KIND] != DSD_MEM:
+        return n
+    if n > MANY_ROWS and count > 0:  # count < 2**16, so smaller products are exact
+        return MANY
+    return n * count
+
+
+@njit(cache=True, inline="always")
+def mem_bytes(dsd, p, r):
+    """[lo, hi) bytes of PE p's SRAM that SRAM descriptor r touches (after check_mem)."""
+    size = 4 if dsd[p, r, D_DTYPE] == DT_F32 else 2
+    addr = dsd[p, r, D_ADDR]
+    n, count = dsd[p, r, D_LEN], dsd[p, r, D_COUNT]
+    if n == 0 or count == 0:
+        return addr, addr
+    inner = (n - 1) * dsd[p, r, D_STRIDE]
+    outer = (count - 1) * dsd[p, r, D_CSTRIDE]
+    return (addr + (min(0, inner) + min(0, outer)) * size,
+            addr + (max(0, inner) + max(0, outer) + 1) * size)
+
+
+@njit(cache=True, inline="always")
+def check_mem(dsd, p, r, pe_stride):
+    """0, or the fault of an SRAM descriptor that is misaligned or reaches outside the SRAM."""
+    size = 4 if dsd[p, r, D_DTYPE] == DT_F32 else 2
+    addr = dsd[p, r, D_ADDR]
+    if addr & (size - 1) != 0:  # == addr % size for a power of two, negative addr too
+        return F_ALIGN
+    n, stride = dsd[p, r, D_LEN], dsd[p, r, D_STRIDE]
+    if n == 0 or dsd[p, r, D_COUNT] == 0:
+        return 0
+    # stride is a 32-bit immediate, count and cstride 16-bit ones: within these bounds the
+    # exact products of mem_bytes fit in int64 (the float product only screens long ones)
+    if addr < -FAR or addr > FAR or \
+            (n > SHORT and stride != 0 and np.float64(n - 1) * abs(stride) > FAR):
+        return F_OOB
+    lo, hi = mem_bytes(dsd, p, r)
+    if lo < 0 or hi > pe_stride:
+        return F_OOB
+    return 0
+
+
+@njit(cache=True)
+def simd_variant(kind, d0, d1, d2, nd):
+    """isa.spec.simd_key's rule over nd operand dtypes, as a V_* variant of the cost class."""
+    if kind == CK_SPECIAL:
+        return V_SPECIAL
+    all32 = d0 == DT_F32 and (nd < 2 or d1 == DT_F32) and (nd < 3 or d2 == DT_F32)
+    any32 = d0 == DT_F32 or (nd >= 2 and d1 == DT_F32) or (nd >= 3 and d2 == DT_F32)
+    if kind == CK_FMAC:
+        return V_F32 if all32 else (V_MIXED if any32 else V_F16)
+    mixed = (nd >= 2 and d1 != d0) or (nd >= 3 and d2 != d0)
+    if kind == CK_MOVE and mixed:
+        return V_CONVERT
+    return V_F32 if any32 else V_F16
+
+
+@njit(cache=True, inline="always")
+def _read_mem(dsd, p, r, first, k, out, sram_f32, sram_u16, pe_stride):
+    gather(sram_f32, sram_u16, p * pe_stride + dsd[p, r, D_ADDR], dsd[p, r, D_LEN],
+           dsd[p, r, D_STRIDE], dsd[p, r, D_COUNT], dsd[p, r, D_CSTRIDE], dsd[p, r, D_DTYPE],
+           first, k, out)
+
+
+@njit(cache=True, inline="always")
+def _write_mem(dsd, p, r, first, k, vals, sram_f32, sram_u16, pe_stride):
+    scatter(sram_f32, sram_u16, p * pe_stride + dsd[p, r, D_ADDR], dsd[p, r, D_LEN],
+            dsd[p, r, D_STRIDE], dsd[p, r, D_COUNT], dsd[p, r, D_CSTRIDE], dsd[p, r, D_DTYPE],
+            first, k, vals)
+
+
+@njit(cache=True)
+def roles(sem, a, b, c):
+    """(destination, source 0, source 1) descriptor registers of a tensor op, -1 for none."""
+    if sem == S_RSUM or sem == S_RMAX:
+        return -1, b, -1
+    if sem == S_RDOT:
+        return -1, b, c
+    if sem == S_FILL:
+        return a, -1, -1
+    if sem == S_BINARY:
+        return a, b, c
+    return a, b, -1
+
+
+@njit(cache=True, inline="always")
+def is_fabric(sem, a, b, c, fabric):
+    """Whether a tensor op takes a fabric input or sends (only these touch other PEs' state),
+    from the PE's P_FABRIC mask."""
+    if sem < S_TENSOR or sem >= S_MATRIX:
+        return False
+    dst, s0, s1 = roles(sem, a, b, c)
+    return ((dst >= 0 and (fabric >> (FABOUT_BIT + dst)) & 1 != 0)
+            or (s0 >= 0 and (fabric >> s0) & 1 != 0)
+            or (s1 >= 0 and (fabric >> s1) & 1 != 0))
+
+
+@njit(cache=True, inline="always")
+def check_operands(sem, dst, s0, s1, dsd, p, pe_stride):
+    """0 or the fault of a tensor op's operands, in emulator/reference.py's order."""
+    if dst >= 0:
+        if dsd[p, dst, D_KIND] == DSD_FABIN:
+            return F_FABIN_DEST
+        if (sem == S_FILL or sem == S_FMA) and dsd[p, dst, D_KIND] != DSD_MEM:
+            return F_DEST_NOT_MEM
+    if (s0 >= 0 and dsd[p, s0, D_KIND] == DSD_FABOUT) or \
+            (s1 >= 0 and dsd[p, s1, D_KIND] == DSD_FABOUT):
+        return F_FABOUT_SRC
+    n = -2
+    for r in (dst, s0, s1):
+        if r >= 0:
+            e = elements(dsd, p, r)
+            if e < 0 or (n != -2 and e != n):
+                return F_COUNT
+            n = e
+    for r in (dst, s0, s1):
+        if r >= 0 and dsd[p, r, D_KIND] == DSD_MEM:
+            f = check_mem(dsd, p, r, pe_stride)
+            if f:
+                return f
+    if s0 >= 0 and s1 >= 0 and dsd[p, s0, D_KIND] == DSD_FABIN and \
+            dsd[p, s1, D_KIND] == DSD_FABIN and dsd[p, s0, D_COLOR] == dsd[p, s1, D_COLOR]:
+        return F_SAME_COLOR
+    return 0
+
+
+@njit(cache=True, inline="always")
+def chunk_times(p, work, k, width, fabric, a_head, a_tail, pe, issue):
+    """(start, end) of a chunk (section 6); advances the PE's clock and statistics."""
+    ovh = issue if pe[p, P_DONE] == 0 else 0
+    dur = compute_cycles(work, width)
+    if fabric and k > dur:
+        dur = k
+    t0 = pe[p, P_CLOCK]
+    start = max(t0 + ovh, a_head)
+    end = max(start + dur, a_tail + 1)
+    pe[p, P_BUSY] += ovh + dur
+    pe[p, P_RSTALL] += end - t0 - ovh - dur
+    pe[p, P_CLOCK] = end
+    return start, end
+
+
+@njit(cache=True)
+def room_for_trace(mp, trace, counters):
+    """False (and a request to grow) when the trace buffer is full below the cap."""
+    n = counters[K_TRACE_N]
+    if n < mp[MP_TRACE_CAP] and n == trace.shape[0]:
+        need(counters, NEED_TRACE, n + 1)
+        return False
+    return True
+
+
+@njit(cache=True, inline="always")
+def finish_chunk(p, cls, k, n, start, end, pe, mp, trace, counters):
+    t = counters[K_TRACE_N]
+    if t < mp[MP_TRACE_CAP]:
+        trace[t, 0] = p
+        trace[t, 1] = pe[p, P_PC]
+        trace[t, 2] = start
+        trace[t, 3] = end
+        counters[K_TRACE_N] = t + 1
+    pe[p, P_DONE] += k
+    if pe[p, P_DONE] >= n:
+        pe[p, P_DONE] = 0
+        pe[p, P_PC] += 1
+        pe[p, P_INSTR] += 1
+        counters[K_CLASS0 + cls] += 1
+        counters[K_INSTR_TOTAL] += 1

@@ -1,0 +1,194 @@
+"""The scheduler of the Numba core (docs/timing-model.md section 7).
+
+The runnable PE with the smallest (clock, PE index) executes next. Only fabric operations (a
+tensor op with a fabric input or a fabric output) touch state another PE can see, so in the
+default mode a PE that comes first executes its fabric operation and then runs ahead through
+its local instructions up to its next fabric operation: one heap update per fabric operation
+instead of one per instruction, with the same results as the strict order. A fault found while
+running ahead is only reported when its key comes first, so the first fault in (clock, PE)
+order is the one reported. In strict mode (MP_STRICT) a PE runs only while it is still first,
+which is the reference interpreter's order instruction by instruction: the driver uses it
+for traces and to replay runs that end in a fault, where PEs that ran ahead would differ.
+
+`run_slice` returns to the driver after a budget of steps (R_CONTINUE, for progress reports)
+or when a pool must grow (R_GROW); all state stays in the arrays, so it simply re-enters.
+Heap keys pack (clock, PE) into one int64, which bounds the clock (R_CLOCK_LIMIT: 2**43 cycles
+with 900k PEs, far beyond what a run can reach in hours of host time).
+
+Speed: Numba reference-counts every array that enters a function or an inlined body (an atomic
+increment and decrement per array), which with two dozen state arrays cost more than the
+instructions themselves. `run_slice` therefore works on *borrowed* views of its arguments,
+array structs without a reference-counted owner, for which those operations compile away;
+the driver holds the real arrays for the whole call. Executors are inlined into the loop so
+that their many array arguments are not copied on every call.
+"""
+
+import numpy as np
+from numba import njit
+from numba.extending import intrinsic
+
+from emulator.core_exec import exec_desc, exec_float, exec_int, is_fabric
+from emulator.core_fabric import heap_pop_top, heap_push, heap_replace_top, still_first
+from emulator.core_state import (
+    C_A, C_B, C_C, C_CLASS, C_COST, C_IH, C_IL, C_IMM, C_SEM, K_CLASS0, K_FAULT_PE, K_FAULT_REASON,
+    K_HEAP_N, K_INSTR_TOTAL, K_OUTCOME, MAX_KEY_BITS, MP_MAX_CYCLES, MP_PE_BITS, MP_STRICT, MP_UNDO,
+    P_BUSY, P_CLOCK, P_CODE0, P_CODELEN, P_FABRIC, P_FAULT, P_INSTR, P_PC, P_STATUS, S_DESC,
+    S_FLOAT, S_FSW, S_MATRIX, S_SW, S_TENSOR, X_FAULT, X_GROW, X_OK, X_STOP)
+from emulator.core_tensor import matrix_op, tensor_op
+from emulator.core_undo import undo_fits
+from emulator.result import (F_PC_END, RUN_DEADLOCK, RUN_FAULT, RUN_HALTED, RUN_MAX_CYCLES,
+                             ST_FAULT, ST_HALT, ST_RUN)
+
+R_DONE, R_CONTINUE, R_GROW, R_CLOCK_LIMIT = range(4)
+
+
+@intrinsic
+def _borrowed(typingctx, arr):
+    """A view of `arr` with no owner to reference-count (valid while the caller holds arr)."""
+    def codegen(context, builder, sig, args):
+        src = context.make_array(sig.args[0])(context, builder, args[0])
+        view = context.make_array(sig.return_type)(context, builder)
+        context.populate_array(view, data=src.data, shape=src.shape, strides=src.strides,
+                               itemsize=src.itemsize, meminfo=None, parent=None)
+        return view._getvalue()
+    return arr(arr), codegen
+
+
+@njit(cache=True, inline="always")
+def step(p, code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, undo, undo_data, mp,
+         classes, tree_of, tree, tree_tmp, queue, link, dl, msg, payload, scratch, trace,
+         counters, wake, nwake):
+    """Execute PE p's next instruction (or chunk); returns (X_* code, PEs to wake)."""
+    pc = pe[p, P_PC]
+    if pc >= pe[p, P_CODELEN]:
+        pe[p, P_FAULT] = F_PC_END
+        return X_FAULT, nwake
+    at = pe[p, P_CODE0] + pc
+    sem = code[at, C_SEM]
+    if sem >= S_TENSOR:
+        if sem >= S_MATRIX:
+            return matrix_op(p, at, code, pe, dsd, sram_f32, sram_u16, undo, undo_data, mp,
+                             classes, scratch, trace, counters), nwake
+        return tensor_op(p, at, code, pe, freg, dsd, sram_f32, sram_u16, undo, undo_data, mp,
+                         classes, tree_of, tree, tree_tmp, queue, link, dl, msg, payload, scratch,
+                         trace, counters, wake, nwake)
+    a, b, c, imm = code[at, C_A], code[at, C_B], code[at, C_C], code[at, C_IMM]
+    if (sem == S_SW or sem == S_FSW) and mp[MP_UNDO] and \
+            not undo_fits(0, 4, undo, undo_data, counters):
+        return X_GROW, nwake
+    nxt = pc + 1
+    if sem >= S_DESC:
+        exec_desc(p, sem, a, b, c, imm, code[at, C_IL], code[at, C_IH], pe, ireg, dsd)
+    elif sem >= S_FLOAT:
+        nxt = exec_float(p, sem, a, b, c, imm, pc, pe, ireg, freg, sram_f32, sram_u16, undo,
+                         undo_data, counters, mp)
+    else:
+        nxt = exec_int(p, sem, a, b, c, imm, pc, pe[p, P_CODELEN], pe, ireg, sram_i32, sram_u16,
+                       undo, undo_data, counters, mp)
+    if nxt < 0:
+        pe[p, P_FAULT] = -nxt
+        return X_FAULT, nwake
+    cost = code[at, C_COST]
+    pe[p, P_CLOCK] += cost
+    pe[p, P_BUSY] += cost
+    pe[p, P_PC] = nxt
+    pe[p, P_INSTR] += 1
+    counters[K_CLASS0 + code[at, C_CLASS]] += 1
+    counters[K_INSTR_TOTAL] += 1
+    return (X_OK if pe[p, P_STATUS] == ST_RUN else X_STOP), nwake
+
+
+@njit(cache=True, inline="always")
+def _next_is_fabric(p, code, pe):
+    pc = pe[p, P_PC]
+    if pc >= pe[p, P_CODELEN]:
+        return False
+    at = pe[p, P_CODE0] + pc
+    return is_fabric(code[at, C_SEM], code[at, C_A], code[at, C_B], code[at, C_C],
+                     pe[p, P_FABRIC])
+
+
+@njit(cache=True)
+def _finish(pe, counters):
+    """The outcome when no PE is runnable: halted if all have, else deadlock."""
+    for p in range(pe.shape[0]):
+        if pe[p, P_STATUS] != ST_HALT:
+            counters[K_OUTCOME] = RUN_DEADLOCK
+            return R_DONE
+    counters[K_OUTCOME] = RUN_HALTED
+    return R_DONE
+
+
+@njit(cache=True)
+def run_slice(code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, undo, undo_data, mp,
+              classes, tree_of, tree, tree_tmp, queue, link, dl, msg, payload, heap, wake,
+              scratch, trace, counters, budget):
+    """Run until the end (R_DONE, outcome in counters), `budget` steps (R_CONTINUE) or a
+    request to grow (R_GROW)."""
+    # borrowed here, in the function that runs the loop, so LLVM sees they have no owner
+    code, pe, ireg, freg, dsd = (_borrowed(code), _borrowed(pe), _borrowed(ireg),
+                                 _borrowed(freg), _borrowed(dsd))
+    sram_f32, sram_u16, sram_i32 = _borrowed(sram_f32), _borrowed(sram_u16), _borrowed(sram_i32)
+    undo, undo_data = _borrowed(undo), _borrowed(undo_data)
+    mp, classes, tree_of, tree, tree_tmp = (_borrowed(mp), _borrowed(classes), _borrowed(tree_of),
+                                            _borrowed(tree), _borrowed(tree_tmp))
+    queue, link, dl, msg, payload = (_borrowed(queue), _borrowed(link), _borrowed(dl),
+                                     _borrowed(msg), _borrowed(payload))
+    heap, wake, scratch, trace, counters = (_borrowed(heap), _borrowed(wake), _borrowed(scratch),
+                                            _borrowed(trace), _borrowed(counters))
+    max_cycles = mp[MP_MAX_CYCLES]
+    strict = mp[MP_STRICT] != 0
+    bits = mp[MP_PE_BITS]
+    mask = (np.int64(1) << bits) - 1
+    clock_limit = (np.int64(1) << (MAX_KEY_BITS - bits)) - 1
+    heap_n = counters[K_HEAP_N]
+    while True:
+        if heap_n == 0:
+            counters[K_HEAP_N] = 0
+            return _finish(pe, counters)
+        p = heap[0] & mask
+        if heap[0] >> bits > max_cycles:
+            counters[K_HEAP_N] = heap_n
+            counters[K_OUTCOME] = RUN_MAX_CYCLES
+            return R_DONE
+        if pe[p, P_FAULT] != 0:
+            pe[p, P_STATUS] = ST_FAULT
+            counters[K_HEAP_N] = heap_n
+            counters[K_OUTCOME] = RUN_FAULT
+            counters[K_FAULT_PE] = p
+            counters[K_FAULT_REASON] = pe[p, P_FAULT]
+            return R_DONE
+        if budget <= 0:
+            counters[K_HEAP_N] = heap_n
+            return R_CONTINUE
+        nwake = 0
+        first = True
+        while True:
+            if not first:
+                if pe[p, P_CLOCK] > max_cycles:
+                    break
+                if strict:
+                    if nwake > 0 or not still_first(heap, heap_n, pe[p, P_CLOCK] << bits | p):
+                        break
+                elif _next_is_fabric(p, code, pe):
+                    break
+            x, nwake = step(p, code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, undo,
+                            undo_data, mp, classes, tree_of, tree, tree_tmp, queue, link, dl,
+                            msg, payload, scratch, trace, counters, wake, nwake)
+            first = False
+            if x == X_OK or x == X_STOP:
+                budget -= 1
+            if x != X_OK or budget <= 0:
+                break
+        if pe[p, P_CLOCK] > clock_limit:  # (woken PEs' clocks are never later than this one)
+            counters[K_HEAP_N] = heap_n
+            return R_CLOCK_LIMIT
+        if pe[p, P_STATUS] == ST_RUN:
+            heap_replace_top(heap, heap_n, pe[p, P_CLOCK] << bits | p)
+        else:
+            heap_n = heap_pop_top(heap, heap_n)
+        for i in range(nwake):
+            heap_n = heap_push(heap, heap_n, pe[wake[i], P_CLOCK] << bits | wake[i])
+        if x == X_GROW:
+            counters[K_HEAP_N] = heap_n
+            return R_GROW

@@ -1,0 +1,376 @@
+"""The Numba core's state: field indices, per-instruction tables and the arrays of one run.
+
+Everything the jitted loop touches is a plain NumPy array allocated here and passed explicitly
+(DESIGN.md section 6). Small records are rows of 2-D int64 tables with named columns (a PE, a
+delivery, a message) so that one record sits in one or two cache lines.
+
+Instructions are dispatched on *semantic ids* of our own (S_*), mapped from the mnemonics of
+isa.spec at run time rather than on opcode numbers baked into compiled code: renumbering an
+opcode in the spec then cannot leave a stale Numba cache decoding the wrong instruction, and a
+mnemonic this core does not implement is an error at import, not a silent no-op.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from emulator.load import Loaded
+from isa.spec import COST_CLASSES, DTYPES, INSTRUCTIONS, N_DREGS, N_FREGS, SIMD_KEYS, simd_key
+from kernels import elementwise as ew
+
+# ---------------------------------------------------------------------------------------------
+# Semantic ids, grouped so that one comparison picks the executor of a family.
+
+(S_NOP, S_HALT, S_JMP, S_BEQ, S_BNE, S_BLT, S_BGE, S_LI, S_MOV, S_ADD, S_SUB, S_MUL, S_DIV,
+ S_REM, S_AND, S_OR, S_XOR, S_SLT, S_ADDI, S_MULI, S_ANDI, S_SHLI, S_SHRI, S_LW,
+ S_SW) = range(1, 26)
+S_FLOAT = 32  # first scalar-float id
+(S_FLI, S_FMOV, S_FADD, S_FSUB, S_FMUL, S_FMAX, S_FMIN, S_FDIV, S_FEXP, S_FRSQRT, S_FSQRT,
+ S_FLW, S_FSW, S_ITOF, S_FTOI) = range(S_FLOAT, S_FLOAT + 15)
+S_DESC = 64  # first descriptor id
+S_DMEM, S_DFIN, S_DFOUT, S_DSTRIDE, S_D2D, S_DADDR, S_DLEN = range(S_DESC, S_DESC + 7)
+S_TENSOR = 80  # first tensor id; operand roles follow from the id
+(S_UNARY, S_BINARY, S_BINSCALAR, S_FILL, S_FMA, S_RSUM, S_RMAX, S_RDOT) = range(S_TENSOR,
+                                                                                S_TENSOR + 8)
+S_MATRIX = 96  # first matrix id
+S_MV, S_MVA, S_MM, S_MMA = range(S_MATRIX, S_MATRIX + 4)
+
+# mnemonic -> (semantic id, kernel sub-code)
+SEMANTICS = {
+    "nop": (S_NOP, 0), "halt": (S_HALT, 0), "jmp": (S_JMP, 0), "beq": (S_BEQ, 0),
+    "bne": (S_BNE, 0), "blt": (S_BLT, 0), "bge": (S_BGE, 0), "li": (S_LI, 0), "mov": (S_MOV, 0),
+    "add": (S_ADD, 0), "sub": (S_SUB, 0), "mul": (S_MUL, 0), "div": (S_DIV, 0),
+    "rem": (S_REM, 0), "and": (S_AND, 0), "or": (S_OR, 0), "xor": (S_XOR, 0), "slt": (S_SLT, 0),
+    "addi": (S_ADDI, 0), "muli": (S_MULI, 0), "andi": (S_ANDI, 0), "shli": (S_SHLI, 0),
+    "shri": (S_SHRI, 0), "lw": (S_LW, 0), "sw": (S_SW, 0),
+    "fli": (S_FLI, 0), "fmov": (S_FMOV, 0), "fadd": (S_FADD, 0), "fsub": (S_FSUB, 0),
+    "fmul": (S_FMUL, 0), "fmax": (S_FMAX, 0), "fmin": (S_FMIN, 0), "fdiv": (S_FDIV, 0),
+    "fexp": (S_FEXP, 0), "frsqrt": (S_FRSQRT, 0), "fsqrt": (S_FSQRT, 0), "flw": (S_FLW, 0),
+    "fsw": (S_FSW, 0), "itof": (S_ITOF, 0), "ftoi": (S_FTOI, 0),
+    "dmem": (S_DMEM, 0), "dfin": (S_DFIN, 0), "dfout": (S_DFOUT, 0),
+    "dstride": (S_DSTRIDE, 0), "d2d": (S_D2D, 0), "daddr": (S_DADDR, 0), "dlen": (S_DLEN, 0),
+    "vmov": (S_UNARY, ew.UN_MOV), "vexp": (S_UNARY, ew.UN_EXP),
+    "vgelu": (S_UNARY, ew.UN_GELU_TANH), "vgelue": (S_UNARY, ew.UN_GELU_ERF),
+    "vsilu": (S_UNARY, ew.UN_SILU), "vrsqrt": (S_UNARY, ew.UN_RSQRT),
+    "vadd": (S_BINARY, ew.BIN_ADD), "vsub": (S_BINARY, ew.BIN_SUB),
+    "vmul": (S_BINARY, ew.BIN_MUL), "vmax": (S_BINARY, ew.BIN_MAX),
+    "vmin": (S_BINARY, ew.BIN_MIN), "vadds": (S_BINSCALAR, ew.BIN_ADD),
+    "vmuls": (S_BINSCALAR, ew.BIN_MUL), "vfill": (S_FILL, 0), "vfma": (S_FMA, 0),
+    "rsum": (S_RSUM, 0), "rmax": (S_RMAX, 0), "rdot": (S_RDOT, 0),
+    "mv": (S_MV, 0), "mva": (S_MVA, 0), "mm": (S_MM, 0), "mma": (S_MMA, 0),
+}
+_missing = [i.mnemonic for i in INSTRUCTIONS if i.mnemonic not in SEMANTICS]
+if _missing:  # the table and this core must grow together
+    raise ImportError(f"emulator.core has no semantics for {', '.join(_missing)} (isa/spec.py)")
+
+# ---------------------------------------------------------------------------------------------
+# Columns of the decoded code table (one row per instruction of every region).
+C_SEM, C_SUB, C_CLASS, C_COST, C_A, C_B, C_C, C_IMM, C_IL, C_IH = range(10)
+N_CODE_COLS = 10
+
+# Columns of the per-PE table.
+# P_HULL_LO/HI: the span of its SRAM the PE has written so far (empty when equal), whose
+# original contents are in the undo log, for an exact replay (core.py).
+# P_FABRIC: bit r set when descriptor r is a fabric input, bit FABOUT_BIT + r when a fabric
+# output, so that finding a PE's next fabric operation needs no descriptor loads.
+(P_PC, P_CLOCK, P_STATUS, P_WAIT, P_DONE, P_INSTR, P_BUSY, P_RSTALL, P_BPSTALL, P_FAULT,
+ P_CODE0, P_CODELEN, P_HULL_LO, P_HULL_HI, P_FABRIC) = range(15)
+N_PE_COLS = 15
+FABOUT_BIT = N_DREGS
+
+# Descriptor fields (dsd[pe, reg, field]), as in emulator/reference.py.
+D_KIND, D_ADDR, D_LEN, D_STRIDE, D_COUNT, D_CSTRIDE, D_DTYPE, D_COLOR = range(8)
+
+# Input queue per (PE, color) slot: first and last delivery, wavelets queued (0 = empty,
+# and then first and last mean nothing: no delivery is empty).
+Q_FIRST, Q_LAST, Q_QUEUED = range(3)
+
+# Route trees: per (PE, color) slot its first entry (-1 = none), entries and RAMP deliveries;
+# per entry the link it reserves, the entry it leaves from (-1 = the source router) and the
+# PE a RAMP entry delivers to (-1 = a router-to-router link).
+T_START, T_COUNT, T_NDEST = range(3)
+E_LINK, E_PARENT, E_DEST = range(3)
+
+# A delivery of a message to one input queue. DL_NEXT chains a queue, or the free records.
+# Records are taken from the free list, else from the never-used ones above K_DL_USED.
+DL_MSG, DL_HEAD, DL_TAIL, DL_CONSUMED, DL_NEXT, DL_BP, DL_LEN = range(7)
+N_DL_COLS = 7
+
+# A message: its payload in the shared pool, the sender, backpressure bookkeeping, the
+# deliveries not yet consumed (0 = free record; M_NEXT chains the free records).
+M_OFF, M_LEN, M_SENDER, M_BP_PENDING, M_BP_RELEASE, M_REFS, M_NEXT = range(7)
+N_MSG_COLS = 7
+
+# Undo log entries: the first uint16 word of SRAM saved, how many, where in the log's data.
+U_START, U_LEN, U_OFF = range(3)
+
+# Links: first free cycle, wavelets carried.
+L_FREE, L_WAVELETS = range(2)
+
+# The scheduler's heap holds keys clock << MP_PE_BITS | PE: one int64 compare orders them by
+# (clock, PE), and the heap is half the size of (clock, PE) pairs.
+MAX_KEY_BITS = 62
+
+# Run parameters (int64 vector).
+# MP_UNDO: log the original contents of written SRAM (for a replay in strict order).
+(MP_ISSUE, MP_HOP, MP_RAMP, MP_QDEPTH, MP_COLORS, MP_PE_STRIDE, MP_MAX_CYCLES, MP_STRICT,
+ MP_TRACE_CAP, MP_UNDO, MP_PE_BITS) = range(11)
+N_MP = 11
+
+# Counters and requests between the jitted loop and the driver (int64 vector).
+# The instruction count of cost class i is counters[K_CLASS0 + i].
+# Records: head and length of the free list, records ever used (the rest are fresh zeros).
+# Undo log: entries and uint16 words used.
+(K_MESSAGES, K_WAVELETS, K_HOPS, K_POOL_TOP, K_DL_HEAD, K_DL_NFREE, K_DL_USED, K_MSG_HEAD,
+ K_MSG_NFREE, K_MSG_USED, K_TRACE_N, K_HEAP_N, K_NEED, K_NEED_AMOUNT, K_OUTCOME, K_FAULT_PE,
+ K_FAULT_REASON, K_INSTR_TOTAL, K_UNDO_N, K_UNDO_TOP, K_CLASS0) = range(21)
+N_K = K_CLASS0 + len(COST_CLASSES)
+
+# What an executor tells the scheduler: carry on with this PE / it left the runnable set
+# (halted or blocked) / it faulted / something must grow first (nothing was changed).
+X_OK, X_STOP, X_FAULT, X_GROW = range(4)
+
+# What the driver must grow before re-entering (K_NEED).
+NEED_NONE, NEED_SCRATCH, NEED_RECORDS, NEED_POOL, NEED_TRACE, NEED_UNDO = range(6)
+
+# SIMD width variants chosen by isa.spec.simd_key's rule (see core_exec.simd_variant). The
+# class table holds, per cost class, the machine's width for each variant and the class's rule.
+V_F32, V_F16, V_MIXED, V_CONVERT, V_SPECIAL = range(5)
+N_VARIANTS = 5
+CL_KIND = N_VARIANTS
+# What kind of rule a cost class follows.
+CK_PLAIN, CK_MOVE, CK_FMAC, CK_SPECIAL, CK_SCALAR = range(5)
+
+F32, F16 = DTYPES["f32"], DTYPES["f16"]
+_REPRESENTATIVE = {V_F32: (F32,), V_F16: (F16,), V_MIXED: (F32, F16), V_CONVERT: (F32, F16),
+                   V_SPECIAL: (F32,)}
+
+
+def class_kinds() -> np.ndarray:
+    """CK_* per cost class (order of COST_CLASSES)."""
+    kinds = []
+    for name in COST_CLASSES:
+        if name in ("scalar", "fscalar", "fspecial"):
+            kinds.append(CK_SCALAR)
+        else:
+            kinds.append({"move": CK_MOVE, "fmac": CK_FMAC, "special": CK_SPECIAL}.get(name,
+                                                                                   CK_PLAIN))
+    return np.array(kinds, dtype=np.int64)
+
+
+def simd_key_table() -> np.ndarray:
+    """(classes, variants) -> index into SIMD_KEYS (-1 for scalar classes)."""
+    table = np.full((len(COST_CLASSES), N_VARIANTS), -1, dtype=np.int64)
+    for ci, name in enumerate(COST_CLASSES):
+        if name in ("scalar", "fscalar", "fspecial"):
+            continue
+        for v, dts in _REPRESENTATIVE.items():
+            table[ci, v] = SIMD_KEYS.index(simd_key(name, dts))
+    return table
+
+
+def class_table(loaded: Loaded) -> np.ndarray:
+    """(classes, N_VARIANTS + 1): the machine's SIMD width per variant (1 where a class has
+    none), then the class's CK_* rule."""
+    widths = np.array([loaded.machine.simd_width(k) for k in SIMD_KEYS], dtype=np.int64)
+    keys = simd_key_table()
+    table = np.zeros((len(COST_CLASSES), N_VARIANTS + 1), dtype=np.int64)
+    table[:, :N_VARIANTS] = np.where(keys >= 0, widths[np.maximum(keys, 0)], 1)
+    table[:, CL_KIND] = class_kinds()
+    return table
+
+
+def decode_table(loaded: Loaded) -> np.ndarray:
+    """The code of every region as (n_instr, N_CODE_COLS) int64 rows."""
+    m = loaded.machine
+    sem = np.zeros(256, dtype=np.int64)
+    sub = np.zeros(256, dtype=np.int64)
+    cls = np.zeros(256, dtype=np.int64)
+    cost = np.zeros(256, dtype=np.int64)
+    for ins in INSTRUCTIONS:
+        sem[ins.opcode], sub[ins.opcode] = SEMANTICS[ins.mnemonic]
+        cls[ins.opcode] = list(COST_CLASSES).index(ins.cost)
+        cost[ins.opcode] = m.special_scalar_cycles if ins.cost == "fspecial" else m.scalar_cycles
+    op = np.asarray(loaded.code_op, dtype=np.int64)
+    code = np.zeros((len(op), N_CODE_COLS), dtype=np.int64)
+    code[:, C_SEM], code[:, C_SUB], code[:, C_CLASS], code[:, C_COST] = sem[op], sub[op], \
+        cls[op], cost[op]
+    code[:, C_A], code[:, C_B], code[:, C_C] = loaded.code_a, loaded.code_b, loaded.code_c
+    code[:, C_IMM], code[:, C_IL], code[:, C_IH] = loaded.code_imm, loaded.code_il, loaded.code_ih
+    return code
+
+
+class Static:
+    """What every run of a Loaded shares (built once per Loaded, see `static`): the tables no
+    run changes, and the run's buffers, which a new run re-initialises in place. Fresh memory
+    would cost a page fault per page touched, milliseconds for a 64 x 64 GEMV: more than the
+    reset, and as much as a short run itself."""
+
+    def __init__(self, loaded: Loaded):
+        self.code = decode_table(loaded)
+        self.classes = class_table(loaded)
+        self.tree_of = np.zeros((loaded.n_pes * loaded.colors, 3), dtype=np.int64)
+        self.tree_of[:, T_START] = loaded.tree_start
+        self.tree_of[:, T_COUNT] = loaded.tree_count
+        dest = np.asarray(loaded.tree_dest, dtype=np.int64)
+        is_dest = np.concatenate([[0], np.cumsum(dest >= 0)])
+        starts = np.maximum(self.tree_of[:, T_START], 0)
+        self.tree_of[:, T_NDEST] = np.where(
+            self.tree_of[:, T_START] >= 0,
+            is_dest[starts + self.tree_of[:, T_COUNT]] - is_dest[starts], 0)
+        self.tree = np.zeros((len(dest), 3), dtype=np.int64)
+        self.tree[:, E_LINK] = loaded.tree_link
+        self.tree[:, E_PARENT] = loaded.tree_parent
+        self.tree[:, E_DEST] = dest
+        self.tree_width = max(1, int(self.tree_of[:, T_COUNT].max(initial=0)))
+        self.buffers: dict[str, np.ndarray] = {}
+
+    def buffer(self, name: str, shape: tuple, dtype) -> np.ndarray:
+        """The run buffer `name`: the one kept from an earlier run (pools may have grown),
+        or a new zero-filled one."""
+        if name not in self.buffers:
+            self.buffers[name] = np.zeros(shape, dtype=dtype)
+        return self.buffers[name]
+
+
+_STATIC: dict[int, tuple] = {}
+
+
+def static(loaded: Loaded) -> Static:
+    """The Static of `loaded`, cached while it lives (benchmarks run one Loaded many times)."""
+    hit = _STATIC.get(id(loaded))
+    if hit is not None and hit[0]() is loaded:
+        return hit[1]
+    tables = Static(loaded)
+    key = id(loaded)
+    _STATIC[key] = (weakref.ref(loaded, lambda _ref: _STATIC.pop(key, None)), tables)
+    return tables
+
+
+class State:
+    """All arrays of one run. Pools start small and grow (doubling) when the loop asks."""
+
+    def __init__(self, loaded: Loaded, max_cycles: int | None, strict: bool, trace: bool,
+                 trace_cap: int):
+        m = loaded.machine
+        n = loaded.n_pes
+        fixed = static(loaded)
+        self.fixed = fixed
+        self.loaded = loaded
+        self.code, self.classes = fixed.code, fixed.classes
+        self.tree_of, self.tree = fixed.tree_of, fixed.tree
+        self.tree_tmp = fixed.buffer("tree_tmp", (fixed.tree_width, 2), np.int64)
+        self.pe = fixed.buffer("pe", (n, N_PE_COLS), np.int64)
+        self.pe[:] = 0
+        self.pe[:, P_WAIT] = -1
+        self.pe[:, P_CODE0] = loaded.pe_code_start
+        self.pe[:, P_CODELEN] = loaded.pe_code_len
+        self.ireg = fixed.buffer("ireg", loaded.ireg_init.shape, np.int64)
+        self.ireg[:] = loaded.ireg_init
+        self.freg = fixed.buffer("freg", (n, N_FREGS), np.float32)
+        self.freg[:] = 0
+        self.dsd = fixed.buffer("dsd", (n, N_DREGS, 8), np.int64)
+        self.dsd[:] = _EMPTY_DSD
+        self.sram_f32 = loaded.sram.view(np.float32)
+        self.sram_u16 = loaded.sram.view(np.uint16)
+        self.sram_i32 = loaded.sram.view(np.int32)
+        # the undo log: a run reads back only what it logged itself
+        self.undo = fixed.buffer("undo", (2 * n + 64, 3), np.int64)
+        self.undo_data = fixed.buffer("undo_data", (max(1 << 12, 64 * n),), np.uint16)
+        self.mp = np.zeros(N_MP, dtype=np.int64)
+        self.mp[MP_ISSUE] = m.issue_overhead
+        self.mp[MP_HOP] = m.hop_latency
+        self.mp[MP_RAMP] = m.ramp_latency
+        self.mp[MP_QDEPTH] = m.queue_depth
+        self.mp[MP_COLORS] = m.colors
+        self.mp[MP_PE_STRIDE] = loaded.pe_stride
+        self.mp[MP_MAX_CYCLES] = np.iinfo(np.int64).max if max_cycles is None else max_cycles
+        self.mp[MP_STRICT] = int(strict)
+        self.mp[MP_TRACE_CAP] = trace_cap if trace else 0
+        self.mp[MP_UNDO] = int(not strict)
+        self.mp[MP_PE_BITS] = pe_bits(n)
+        self.queue = fixed.buffer("queue", (n * m.colors, 3), np.int64)
+        self.queue[:] = 0
+        self.link = fixed.buffer("link", (loaded.n_links, 2), np.int64)
+        self.link[:] = 0
+        # records and payloads are initialised when taken: no reset
+        records = max(256, 2 * n)
+        self.dl = fixed.buffer("dl", (records, N_DL_COLS), np.int64)
+        self.msg = fixed.buffer("msg", (records, N_MSG_COLS), np.int64)
+        self.payload = fixed.buffer("payload", (max(1 << 16, 16 * n),), np.uint32)
+        self.heap = fixed.buffer("heap", (n,), np.int64)
+        self.heap[:] = np.arange(n)  # all clocks 0: index order is a heap
+        self.wake = fixed.buffer("wake", (n,), np.int64)
+        self.scratch = fixed.buffer("scratch", (4, max(1024, loaded.pe_stride // 2)), np.float32)
+        self.trace = np.zeros((min(trace_cap, 1 << 16) if trace else 1, 4), dtype=np.int64)
+        self.counters = np.zeros(N_K, dtype=np.int64)
+        self.counters[K_DL_HEAD] = -1
+        self.counters[K_MSG_HEAD] = -1
+        self.counters[K_HEAP_N] = n
+        self.counters[K_FAULT_PE] = -1
+
+    # -- growth, on the loop's request ---------------------------------------------------------
+
+    def grow(self) -> None:
+        """Grow what the loop asked for; the bigger array is kept for later runs too."""
+        k = self.counters
+        need, amount = int(k[K_NEED]), int(k[K_NEED_AMOUNT])
+        if need == NEED_SCRATCH:
+            if amount > 1 << 31:
+                raise MemoryError(f"a tensor op names {amount} elements; the emulator supports "
+                                  f"at most {1 << 31} per op")
+            self._keep("scratch", np.zeros((4, max(2 * self.scratch.shape[1], amount)),
+                                           np.float32))
+        elif need == NEED_RECORDS:
+            if k[K_DL_NFREE] + len(self.dl) - k[K_DL_USED] < amount:
+                self._keep("dl", _bigger(self.dl, int(k[K_DL_USED]) + amount))
+            if k[K_MSG_NFREE] + len(self.msg) - k[K_MSG_USED] < 1:
+                self._keep("msg", _bigger(self.msg, int(k[K_MSG_USED]) + 1))
+        elif need == NEED_POOL:  # the loop has compacted the pool already
+            self._keep("payload", _bigger(self.payload, amount))
+        elif need == NEED_UNDO:
+            self._keep("undo", _bigger(self.undo, int(k[K_UNDO_N]) + 2))
+            self._keep("undo_data", _bigger(self.undo_data, int(k[K_UNDO_TOP]) + amount))
+        elif need == NEED_TRACE:
+            self.trace = _bigger(self.trace, min(2 * len(self.trace), int(self.mp[MP_TRACE_CAP])))
+        k[K_NEED] = NEED_NONE
+        k[K_NEED_AMOUNT] = 0
+
+    def _keep(self, name: str, array: np.ndarray) -> None:
+        setattr(self, name, array)
+        self.fixed.buffers[name] = array
+
+    def class_counts(self) -> np.ndarray:
+        return self.counters[K_CLASS0:].copy()
+
+    def args(self) -> tuple:
+        """The arrays the jitted loop takes, in its parameter order (core_sched.run_slice)."""
+        return (self.code, self.pe, self.ireg, self.freg, self.dsd, self.sram_f32, self.sram_u16,
+                self.sram_i32, self.undo, self.undo_data, self.mp, self.classes, self.tree_of,
+                self.tree, self.tree_tmp, self.queue, self.link, self.dl, self.msg, self.payload,
+                self.heap, self.wake, self.scratch, self.trace, self.counters)
+
+
+def pe_bits(n_pes: int) -> int:
+    """Bits of a heap key that hold the PE index."""
+    return max(1, int(n_pes - 1).bit_length())
+
+
+def max_clock(n_pes: int) -> int:
+    """The largest clock a heap key holds (2**43 cycles, hours of host time, at 900k PEs)."""
+    return (1 << (MAX_KEY_BITS - pe_bits(n_pes))) - 1
+
+
+_EMPTY_DSD = np.zeros((N_DREGS, 8), dtype=np.int64)  # every descriptor: mem, len 0, stride 1
+_EMPTY_DSD[:, D_STRIDE] = 1
+_EMPTY_DSD[:, D_COUNT] = 1
+
+
+def _bigger(table: np.ndarray, rows: int) -> np.ndarray:
+    """`table` with at least `rows` rows and at least twice as many as before, zero-filled."""
+    new = max(2 * table.shape[0], rows)
+    out = np.zeros((new,) + table.shape[1:], dtype=table.dtype)
+    out[:table.shape[0]] = table
+    return out

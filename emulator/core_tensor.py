@@ -1,0 +1,203 @@
+"""Tensor instructions of the Numba core: elementwise ops and reductions (run in chunks when
+they have fabric inputs, docs/timing-model.md section 6) and tile matrix products.
+
+Operands are gathered into fp32 scratch rows first and results written back after the kernel,
+so a destination may alias a source. The numbers come from kernels/, as in the reference.
+"""
+
+import numpy as np
+from numba import njit
+
+from emulator.core_exec import (_fault, _read_mem, _write_mem, check_mem, check_operands,
+                                chunk_times, elements, finish_chunk, mem_bytes, roles,
+                                room_for_trace, simd_variant)
+from emulator.core_fabric import need, queue_arrival, queue_consume, queue_read, send, send_fits
+from emulator.core_state import (
+    CL_KIND, C_A, C_B, C_C, C_CLASS, C_SEM, C_SUB, D_ADDR, D_COLOR, D_COUNT, D_CSTRIDE, D_DTYPE,
+    D_KIND, D_LEN, D_STRIDE, MP_COLORS, MP_ISSUE, MP_PE_STRIDE, MP_QDEPTH, MP_TRACE_CAP, MP_UNDO,
+    NEED_SCRATCH, P_DONE, P_STATUS, P_WAIT, Q_QUEUED, S_BINARY, S_BINSCALAR, S_FILL, S_FMA, S_MMA,
+    S_MV, S_MVA, S_RDOT, S_RMAX, S_RSUM, S_UNARY, T_START, X_GROW, X_OK, X_STOP)
+from emulator.core_undo import note_write, undo_fits
+from emulator.result import F_COUNT, F_MATRIX_FABRIC, F_NO_ROUTE, F_SHAPE, ST_RUN, ST_WAIT_RECV
+from isa.spec import DSD_FABIN, DSD_FABOUT, DSD_MEM
+from kernels import elementwise as ew
+from kernels import matrix, reduce
+
+
+@njit(cache=True)
+def _block(pe, p, color):
+    pe[p, P_STATUS] = ST_WAIT_RECV
+    pe[p, P_WAIT] = color
+    return X_STOP
+
+
+@njit(cache=True, inline="always")
+def tensor_op(p, at, code, pe, freg, dsd, sram_f32, sram_u16, undo, undo_data, mp, classes,
+              tree_of, tree, tree_tmp, queue, link, dl, msg, payload, scratch, trace, counters,
+              wake, nwake):
+    """One chunk of an elementwise op or reduction; returns (X_* code, PEs to wake)."""
+    sem, sub, cls = code[at, C_SEM], code[at, C_SUB], code[at, C_CLASS]
+    a, b, c = code[at, C_A], code[at, C_B], code[at, C_C]
+    pe_stride, colors = mp[MP_PE_STRIDE], mp[MP_COLORS]
+    dst, s0, s1 = roles(sem, a, b, c)
+    done = pe[p, P_DONE]
+    out_fab = dst >= 0 and dsd[p, dst, D_KIND] == DSD_FABOUT
+    if done == 0:
+        f = check_operands(sem, dst, s0, s1, dsd, p, pe_stride)
+        if f:
+            return _fault(pe, p, f), nwake
+        if out_fab and tree_of[p * colors + dsd[p, dst, D_COLOR], T_START] < 0:
+            return _fault(pe, p, F_NO_ROUTE), nwake
+    n = elements(dsd, p, dst if dst >= 0 else s0)
+    k = n - done
+    in0 = s0 >= 0 and dsd[p, s0, D_KIND] == DSD_FABIN
+    in1 = s1 >= 0 and dsd[p, s1, D_KIND] == DSD_FABIN
+    slot0 = p * colors + dsd[p, s0, D_COLOR] if in0 else -1
+    slot1 = p * colors + dsd[p, s1, D_COLOR] if in1 else -1
+    if in0:
+        if queue[slot0, Q_QUEUED] == 0 and k > 0:
+            return _block(pe, p, dsd[p, s0, D_COLOR]), nwake
+        k = min(k, queue[slot0, Q_QUEUED])
+    if in1:
+        if queue[slot1, Q_QUEUED] == 0 and k > 0:
+            return _block(pe, p, dsd[p, s1, D_COLOR]), nwake
+        k = min(k, queue[slot1, Q_QUEUED])
+
+    # the SIMD width from the dtypes of the descriptor operands, destination first
+    first, second = (dst, s0) if dst >= 0 else (s0, s1)
+    third = s1 if dst >= 0 else -1
+    nd = 1 + (second >= 0) + (third >= 0)
+    width = classes[cls, simd_variant(classes[cls, CL_KIND], dsd[p, first, D_DTYPE],
+                                      dsd[p, max(second, 0), D_DTYPE],
+                                      dsd[p, max(third, 0), D_DTYPE], nd)]
+
+    # room for this chunk, before anything changes
+    if k > scratch.shape[1]:
+        return need(counters, NEED_SCRATCH, k), nwake
+    if out_fab and k > 0 and not send_fits(p * colors + dsd[p, dst, D_COLOR], k, tree_of, dl,
+                                           msg, payload, counters):
+        return X_GROW, nwake
+    if mp[MP_TRACE_CAP] and not room_for_trace(mp, trace, counters):
+        return X_GROW, nwake
+    if dst >= 0 and not out_fab and k > 0 and mp[MP_UNDO]:
+        lo, hi = mem_bytes(dsd, p, dst)
+        if not undo_fits(lo, hi, undo, undo_data, counters):
+            return X_GROW, nwake
+        note_write(p, lo, hi, pe, sram_u16, undo, undo_data, counters, mp)
+
+    a_head = -1
+    a_tail = -1
+    if k > 0:
+        if in0:
+            a_head = max(a_head, queue_arrival(queue, dl, slot0, 0))
+            a_tail = max(a_tail, queue_arrival(queue, dl, slot0, k - 1))
+        if in1:
+            a_head = max(a_head, queue_arrival(queue, dl, slot1, 0))
+            a_tail = max(a_tail, queue_arrival(queue, dl, slot1, k - 1))
+    start, end = chunk_times(p, k, k, width, in0 or in1 or out_fab, a_head, a_tail, pe,
+                             mp[MP_ISSUE])
+
+    v0, v1, out = scratch[0], scratch[1], scratch[2]
+    if in0:
+        queue_read(queue, dl, msg, payload, slot0, k, dsd[p, s0, D_DTYPE], v0)
+    elif s0 >= 0:
+        _read_mem(dsd, p, s0, done, k, v0, sram_f32, sram_u16, pe_stride)
+    if in1:
+        queue_read(queue, dl, msg, payload, slot1, k, dsd[p, s1, D_DTYPE], v1)
+    elif s1 >= 0:
+        _read_mem(dsd, p, s1, done, k, v1, sram_f32, sram_u16, pe_stride)
+    if sem == S_UNARY:
+        ew.unary(sub, v0, out, k)
+    elif sem == S_BINARY:
+        ew.binary(sub, v0, v1, out, k)
+    elif sem == S_BINSCALAR:
+        ew.binary_scalar(sub, v0, freg[p, c], out, k)
+    elif sem == S_FILL:
+        out[:k] = freg[p, b]
+    elif sem == S_FMA:
+        cur = scratch[3]
+        _read_mem(dsd, p, dst, done, k, cur, sram_f32, sram_u16, pe_stride)
+        ew.fma_scalar(cur, v0, freg[p, c], out, k)
+    elif sem == S_RSUM:
+        freg[p, a] = reduce.rsum(v0, k, freg[p, a] if done else np.float32(0))
+    elif sem == S_RMAX:
+        freg[p, a] = reduce.rmax(v0, k, freg[p, a] if done else np.float32(-np.inf))
+    elif sem == S_RDOT:
+        freg[p, a] = reduce.rdot(v0, v1, k, freg[p, a] if done else np.float32(0))
+
+    qdepth = mp[MP_QDEPTH]
+    if in0:
+        nwake = queue_consume(queue, dl, msg, counters, slot0, k, end, pe, qdepth, wake, nwake)
+    if in1:
+        nwake = queue_consume(queue, dl, msg, counters, slot1, k, end, pe, qdepth, wake, nwake)
+    if out_fab:
+        if k > 0:
+            nwake = send(p, dsd[p, dst, D_COLOR], dsd[p, dst, D_DTYPE], out, k, start, end, pe,
+                         mp, tree_of, tree, tree_tmp, queue, link, dl, msg, payload, counters,
+                         wake, nwake)
+    elif dst >= 0:
+        _write_mem(dsd, p, dst, done, k, out, sram_f32, sram_u16, pe_stride)
+    finish_chunk(p, cls, k, n, start, end, pe, mp, trace, counters)
+    return (X_OK if pe[p, P_STATUS] == ST_RUN else X_STOP), nwake
+
+
+@njit(cache=True)
+def matrix_op(p, at, code, pe, dsd, sram_f32, sram_u16, undo, undo_data, mp, classes, scratch,
+              trace, counters):
+    """mv / mva / mm / mma: one chunk over SRAM tiles, fp32 accumulation; returns an X_* code."""
+    sem, cls = code[at, C_SEM], code[at, C_CLASS]
+    y, w, x = code[at, C_A], code[at, C_B], code[at, C_C]
+    pe_stride = mp[MP_PE_STRIDE]
+    for r in (y, w, x):
+        if dsd[p, r, D_KIND] != DSD_MEM:
+            return _fault(pe, p, F_MATRIX_FABRIC)
+    for r in (y, w, x):
+        if elements(dsd, p, r) < 0:
+            return _fault(pe, p, F_COUNT)
+    m_rows, k_cols = dsd[p, w, D_LEN], dsd[p, w, D_COUNT]
+    if sem == S_MV or sem == S_MVA:
+        n_cols = 1
+        if dsd[p, w, D_STRIDE] != 1 or elements(dsd, p, x) != k_cols or \
+                elements(dsd, p, y) != m_rows:
+            return _fault(pe, p, F_SHAPE)
+    else:
+        n_cols = dsd[p, x, D_COUNT]
+        if dsd[p, w, D_STRIDE] != 1 or dsd[p, x, D_STRIDE] != 1 or dsd[p, x, D_LEN] != k_cols \
+                or dsd[p, y, D_LEN] != m_rows or dsd[p, y, D_COUNT] != n_cols:
+            return _fault(pe, p, F_SHAPE)
+    for r in (y, w, x):
+        f = check_mem(dsd, p, r, pe_stride)
+        if f:
+            return _fault(pe, p, f)
+    width = classes[cls, simd_variant(classes[cls, CL_KIND], dsd[p, y, D_DTYPE],
+                                      dsd[p, w, D_DTYPE], dsd[p, x, D_DTYPE], 3)]
+    total = m_rows * n_cols
+    if total > scratch.shape[1] or k_cols > scratch.shape[1]:
+        return need(counters, NEED_SCRATCH, max(total, k_cols))
+    if mp[MP_TRACE_CAP] and not room_for_trace(mp, trace, counters):
+        return X_GROW
+    if total > 0 and mp[MP_UNDO]:
+        lo, hi = mem_bytes(dsd, p, y)
+        if not undo_fits(lo, hi, undo, undo_data, counters):
+            return X_GROW
+        note_write(p, lo, hi, pe, sram_u16, undo, undo_data, counters, mp)
+    start, end = chunk_times(p, m_rows * k_cols * n_cols, 0, width, False, -1, -1, pe,
+                             mp[MP_ISSUE])
+    acc = scratch[2]
+    if sem == S_MVA or sem == S_MMA:
+        _read_mem(dsd, p, y, 0, total, acc, sram_f32, sram_u16, pe_stride)
+    else:
+        acc[:total] = 0
+    base = p * pe_stride
+    if sem == S_MV or sem == S_MVA:
+        xv = scratch[0]
+        _read_mem(dsd, p, x, 0, k_cols, xv, sram_f32, sram_u16, pe_stride)
+        matrix.mv(sram_f32, sram_u16, base + dsd[p, w, D_ADDR], m_rows, k_cols,
+                  dsd[p, w, D_CSTRIDE], dsd[p, w, D_DTYPE], xv, acc)
+    else:
+        matrix.mm(sram_f32, sram_u16, base + dsd[p, w, D_ADDR], m_rows, k_cols,
+                  dsd[p, w, D_CSTRIDE], dsd[p, w, D_DTYPE], base + dsd[p, x, D_ADDR], n_cols,
+                  dsd[p, x, D_CSTRIDE], dsd[p, x, D_DTYPE], acc)
+    _write_mem(dsd, p, y, 0, total, acc, sram_f32, sram_u16, pe_stride)
+    finish_chunk(p, cls, total, total, start, end, pe, mp, trace, counters)
+    return X_OK

@@ -1,0 +1,226 @@
+"""The Numba core's machinery: the SIMD-width rule against isa.spec, growing pools, progress
+reports, traces and the per-Loaded table cache. Every run is compared with the reference."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+
+import numpy as np
+import pytest
+
+from emulator import core
+from emulator.api import execute
+from emulator.core_exec import simd_variant
+from emulator.core_state import CL_KIND, _STATIC, State, class_kinds, simd_key_table
+from emulator.load import load
+from emulator.machine import load_machine
+from emulator.reference import run as reference_run
+from emulator.result import RUN_HALTED
+from isa.builder import ProgramBuilder
+from isa.spec import COST_CLASSES, DTYPES, SIMD_KEYS, simd_key
+from programs.conftest import same_run
+
+
+def test_simd_variant_follows_isa_spec_simd_key_for_every_class_and_dtype_mix():
+    keys = simd_key_table()
+    kinds = class_kinds()
+    for ci, name in enumerate(COST_CLASSES):
+        if name in ("scalar", "fscalar", "fspecial"):
+            continue
+        for nd in (1, 2, 3):
+            for dts in itertools.product(DTYPES.values(), repeat=nd):
+                padded = list(dts) + [0] * (3 - nd)
+                variant = simd_variant(kinds[ci], padded[0], padded[1], padded[2], nd)
+                assert SIMD_KEYS[keys[ci, variant]] == simd_key(name, dts), (name, dts)
+
+
+def exchange(messages=12, n=16):
+    """Three PEs in a row: the first two send `messages` vectors east and the next PE adds
+    up what it receives (the middle one only after its own sends: backpressure)."""
+    pb = ProgramBuilder("exchange")
+    pb.route(0, 0, 1, 1, 0, rx="RAMP", tx="E")
+    pb.route(1, 0, 1, 1, 0, rx="W", tx="RAMP")
+    pb.route(1, 0, 1, 1, 1, rx="RAMP", tx="E")
+    pb.route(2, 0, 1, 1, 1, rx="W", tx="RAMP")
+    rb = pb.region("row", 0, 0, 3, 1)
+    buf = rb.alloc("buf", 4 * n)
+    acc = rb.alloc("acc", 4 * n)
+    big = rb.alloc("big", 4 * 3000)
+    rb.init(buf, "f32", [0.25 * i for i in range(n)])
+    rb.dmem(0, "f32", buf, n)
+    rb.dmem(3, "f32", acc, n)
+    rb.dmem(4, "f32", big, 3000)  # more elements than the scratch rows hold at first
+    rb.fli("f1", 1.5)
+    rb.vfill(4, "f1")
+    rb.rsum("f2", 4)
+    rb.li("r1", messages)
+    rb.li("r3", 2)
+    rb.beq("X", "r3", "recv")
+    rb.dfout(1, "f32", 0, n)
+    rb.beq("X", "r0", "send")
+    rb.dfout(1, "f32", 1, n)
+    rb.label("send")
+    rb.vadds(0, 0, "f1")
+    rb.vmov(1, 0)
+    rb.addi("r2", "r2", 1)
+    rb.blt("r2", "r1", "send")
+    rb.beq("X", "r0", "done")
+    rb.label("recv")
+    rb.dfin(2, "f32", 1, n)
+    rb.bne("X", "r3", "mid")
+    rb.jmp("rloop")
+    rb.label("mid")
+    rb.dfin(2, "f32", 0, n)
+    rb.label("rloop")
+    rb.li("r2", 0)
+    rb.label("rnext")
+    rb.vadd(3, 2, 3)
+    rb.addi("r2", "r2", 1)
+    rb.blt("r2", "r1", "rnext")
+    rb.label("done")
+    rb.halt()
+    return pb.build()
+
+
+def _run_with(state_edit, program, machine="test64"):
+    """Run on the core with State arrays edited first (e.g. tiny pools), and on the reference."""
+    ld = load(program, load_machine(machine))
+    state = State(ld, None, False, False, 0)
+    state_edit(state)
+    core._drive(state, None)
+    got = core._result(state, None)
+    ref_ld = load(program, load_machine(machine))
+    want = reference_run(ref_ld)
+
+    class Ex:  # what same_run expects
+        pass
+
+    a, b = Ex(), Ex()
+    a.result, a.loaded, b.result, b.loaded = got, ld, want, ref_ld
+    same_run(a, b)
+    return got
+
+
+def _tiny_pools(state):
+    state.dl = np.zeros((1, state.dl.shape[1]), np.int64)
+    state.msg = np.zeros((1, state.msg.shape[1]), np.int64)
+    state.payload = np.zeros(20, np.uint32)
+    state.scratch = np.zeros((4, 8), np.float32)
+
+
+def test_pools_grow_and_compact_without_changing_anything():
+    r = _run_with(_tiny_pools, exchange())
+    assert r.outcome == RUN_HALTED and r.messages == 24 and r.bp_stall.sum() > 0
+
+
+def test_the_payload_pool_is_compacted_in_place_when_holes_suffice():
+    seen = []
+
+    def small_pool(state):
+        state.payload = np.zeros(64, np.uint32)  # four messages' worth: far fewer than sent
+        seen.append(state)
+
+    r = _run_with(small_pool, exchange(messages=40))
+    assert r.messages == 80
+    assert seen[0].payload.shape[0] < 80 * 16  # reused, not grown to hold every message
+
+
+def test_progress_is_reported_and_does_not_change_the_run(monkeypatch):
+    program = exchange(messages=30)
+    plain = execute(program, "test64")
+    calls = []
+    monkeypatch.setattr(core, "PROGRESS_SECONDS", 0.0)
+    monkeypatch.setattr(core, "FIRST_BUDGET", 16)
+    monkeypatch.setattr(core, "MIN_BUDGET", 16)
+    reported = execute(program, "test64", progress=lambda c, i: calls.append((c, i)))
+    same_run(plain, reported)
+    assert len(calls) > 5
+    assert all(b[1] >= a[1] for a, b in zip(calls, calls[1:]))
+    assert calls[-1][1] <= int(plain.result.instructions.sum())
+
+
+def test_trace_lists_every_chunk_in_the_reference_order():
+    program = exchange(messages=5)
+    a = execute(program, "test64", engine="core", trace=True)
+    b = execute(program, "test64", engine="reference", trace=True)
+    same_run(a, b)
+    assert a.result.trace == b.result.trace
+    names = list(COST_CLASSES)
+    tensor_ops = int(a.result.class_counts[[names.index(c) for c in ("move", "add")]].sum())
+    assert len(a.result.trace) >= tensor_ops
+    assert all(isinstance(v, int) for v in a.result.trace[0])
+
+
+def test_trace_cap_keeps_the_first_chunks_and_the_buffer_grows_to_it():
+    program = exchange(messages=5)
+    full = execute(program, "test64", trace=True).result.trace
+
+    def small_trace(state):
+        state.trace = np.zeros((2, 4), np.int64)
+
+    ld = load(program, load_machine("test64"))
+    state = State(ld, None, True, True, 9)
+    small_trace(state)
+    core._drive(state, None)
+    assert core._result(state, None).trace == full[:9]
+
+
+def test_the_table_cache_lets_go_of_a_dropped_loaded():
+    ld = load(exchange(messages=1), load_machine("tiny"))
+    core.run(ld)
+    key = id(ld)
+    assert key in _STATIC
+    del ld
+    gc.collect()
+    assert key not in _STATIC
+
+
+def test_a_loaded_without_sram_contents_is_refused_in_one_line():
+    ld = load(exchange(messages=1), load_machine("tiny"), with_data=False)
+    with pytest.raises(ValueError, match="functional programs only"):
+        core.run(ld)
+
+
+def test_class_table_holds_the_machine_widths():
+    ld = load(exchange(messages=1), load_machine("wse2"))
+    table = State(ld, None, False, False, 0).classes
+    fmac = list(COST_CLASSES).index("fmac")
+    widths = dict(load_machine("wse2").simd)
+    keys = simd_key_table()
+    for variant in range(CL_KIND):
+        assert table[fmac, variant] == widths[SIMD_KEYS[keys[fmac, variant]]]
+
+
+def test_the_scheduler_heap_orders_like_heapq():
+    """Push, replace-top and pop of packed (clock, PE) keys against Python's heapq."""
+    import heapq
+    import random
+
+    from emulator.core_fabric import heap_pop_top, heap_push, heap_replace_top, still_first
+    r = random.Random(5)
+    n, bits = 200, 8
+    heap = np.zeros(n, np.int64)
+    size, ref, out = 0, [], set(range(n))
+    for _ in range(5000):
+        op = r.random()
+        if op < 0.4 and out:
+            p = r.choice(sorted(out))
+            out.discard(p)
+            c = r.randint(0, 40)
+            size = heap_push(heap, size, c << bits | p)
+            heapq.heappush(ref, (c, p))
+        elif size:
+            c, p = ref[0]
+            assert int(heap[0]) == c << bits | p
+            if op < 0.7:
+                new = c + r.randint(0, 15)
+                rest_first = len(ref) == 1 or (new, p) < min(ref[1:])
+                assert still_first(heap, size, new << bits | p) == rest_first
+                heap_replace_top(heap, size, new << bits | p)
+                heapq.heapreplace(ref, (new, p))
+            else:
+                size = heap_pop_top(heap, size)
+                heapq.heappop(ref)
+                out.add(p)
+    assert size == len(ref)
