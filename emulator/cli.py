@@ -68,7 +68,27 @@ def load_npy(path: str, what: str):
         raise UserError(f"{what}: {path} is not a .npy file ({e})") from None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class OneLineErrors(click.Group):
+    """Usage errors (a bad flag or value) as one `wse-emu: error:` line, exit code 2."""
+
+    def main(self, *args, **kwargs):
+        try:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        except click.exceptions.Exit as e:
+            sys.exit(e.exit_code)
+        except click.UsageError as e:
+            cmd = e.ctx.command_path if e.ctx else "wse-emu"
+            click.echo(f"wse-emu: error: {e.format_message()} (see '{cmd} --help')", err=True)
+            sys.exit(EXIT_USAGE)
+        except click.ClickException as e:
+            e.show()
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("wse-emu: aborted", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="wse-emu")
 def main():
     """wse-emu: a fast, cycle-approximate emulator of wafer-scale AI processors.

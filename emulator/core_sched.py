@@ -31,7 +31,7 @@ from emulator.core_exec import exec_desc, exec_float, exec_int, is_fabric
 from emulator.core_fabric import heap_pop_top, heap_push, heap_replace_top, still_first
 from emulator.core_state import (
     C_A, C_B, C_C, C_CLASS, C_COST, C_IH, C_IL, C_IMM, C_SEM, K_CLASS0, K_FAULT_PE, K_FAULT_REASON,
-    K_HEAP_N, K_INSTR_TOTAL, K_OUTCOME, MAX_KEY_BITS, MP_MAX_CYCLES, MP_PE_BITS, MP_STRICT, MP_UNDO,
+    K_HEAP_N, K_INSTR_TOTAL, K_OUTCOME, MAX_KEY_BITS, MP_MAX_CYCLES, MP_PE_BITS, MP_PE_STRIDE, MP_STRICT, MP_UNDO,
     P_BUSY, P_CLOCK, P_CODE0, P_CODELEN, P_FABRIC, P_FAULT, P_INSTR, P_PC, P_STATUS, S_DESC,
     S_FLOAT, S_FSW, S_MATRIX, S_SW, S_TENSOR, X_FAULT, X_GROW, X_OK, X_STOP)
 from emulator.core_tensor import matrix_op, tensor_op
@@ -74,7 +74,7 @@ def step(p, code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, undo, undo_
                          trace, counters, wake, nwake)
     a, b, c, imm = code[at, C_A], code[at, C_B], code[at, C_C], code[at, C_IMM]
     if (sem == S_SW or sem == S_FSW) and mp[MP_UNDO] and \
-            not undo_fits(0, 4, undo, undo_data, counters):
+            not undo_fits(p, 0, mp[MP_PE_STRIDE], pe, undo, undo_data, counters):
         return X_GROW, nwake
     nxt = pc + 1
     if sem >= S_DESC:

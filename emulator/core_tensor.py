@@ -81,7 +81,7 @@ def tensor_op(p, at, code, pe, freg, dsd, sram_f32, sram_u16, undo, undo_data, m
         return X_GROW, nwake
     if dst >= 0 and not out_fab and k > 0 and mp[MP_UNDO]:
         lo, hi = mem_bytes(dsd, p, dst)
-        if not undo_fits(lo, hi, undo, undo_data, counters):
+        if not undo_fits(p, lo, hi, pe, undo, undo_data, counters):
             return X_GROW, nwake
         note_write(p, lo, hi, pe, sram_u16, undo, undo_data, counters, mp)
 
@@ -178,7 +178,7 @@ def matrix_op(p, at, code, pe, dsd, sram_f32, sram_u16, undo, undo_data, mp, cla
         return X_GROW
     if total > 0 and mp[MP_UNDO]:
         lo, hi = mem_bytes(dsd, p, y)
-        if not undo_fits(lo, hi, undo, undo_data, counters):
+        if not undo_fits(p, lo, hi, pe, undo, undo_data, counters):
             return X_GROW
         note_write(p, lo, hi, pe, sram_u16, undo, undo_data, counters, mp)
     start, end = chunk_times(p, m_rows * k_cols * n_cols, 0, width, False, -1, -1, pe,

@@ -14,12 +14,21 @@ from emulator.core_state import (K_UNDO_N, K_UNDO_TOP, MP_PE_STRIDE, MP_UNDO, NE
 
 
 @njit(cache=True, inline="always")
-def undo_fits(lo, hi, undo, undo_data, counters):
-    """Whether the log has room for a write of bytes [lo, hi); if not, ask to grow it."""
+def undo_fits(p, lo, hi, pe, undo, undo_data, counters):
+    """Whether the log has room for PE p writing bytes [lo, hi); if not, ask to grow it.
+
+    The log takes what the write adds to the PE's written hull, which can be much more than
+    hi - lo when the write lies away from the hull (the gap between them is logged too)."""
+    h_lo, h_hi = pe[p, P_HULL_LO], pe[p, P_HULL_HI]
+    if h_lo < h_hi:
+        added = (max(h_hi, hi) - min(h_lo, lo)) - (h_hi - h_lo)
+    else:
+        added = hi - lo
+    words = (added + 1) // 2 + 1
     if counters[K_UNDO_N] + 2 <= undo.shape[0] and \
-            counters[K_UNDO_TOP] + (hi - lo) // 2 <= undo_data.shape[0]:
+            counters[K_UNDO_TOP] + words <= undo_data.shape[0]:
         return True
-    need(counters, NEED_UNDO, (hi - lo) // 2)
+    need(counters, NEED_UNDO, words)
     return False
 
 

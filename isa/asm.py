@@ -22,7 +22,7 @@ from isa.errors import AsmError, BuildError
 from isa.expr import (CONSTANTS, RESERVED, ExprError, Node, Token, evaluate, first_col, parse,
                       split_comment, tokenize, truth)
 from isa.program import DIR_BITS, Program
-from isa.spec import BY_MNEMONIC, DTYPES, N_IREGS
+from isa.spec import BY_MNEMONIC, DTYPES, N_IREGS, STORAGE_DTYPES
 
 BLOCK_OPEN = {".if": ".endif", ".rep": ".endrep", ".region": ".endregion"}
 DIRECTIVES = (".param", ".set", ".assert", ".if", ".elif", ".else", ".endif", ".rep", ".endrep",
@@ -664,7 +664,7 @@ class _Assembler:
             order = node.value
         return dict(
             addr=self.int_value(a["addr"].node, "address", addr=True),
-            dtype=self.dtype_value(a["dtype"].node, tuple(DTYPES)),
+            dtype=self.dtype_value(a["dtype"].node, tuple(STORAGE_DTYPES)),
             tile=self.tuple_value(a["tile"].node, 2, "tile", minimum=1),
             row=self.affine(a["row"].node, full, "row=") if "row" in a else 0,
             col=self.affine(a["col"].node, full, "col=") if "col" in a else 0,
@@ -695,7 +695,7 @@ class _Assembler:
             self.fail("rect= given twice", rects[1].col)
         rect = self.tuple_value(rects[0].node, 4, "rect") if rects else None
         addr = self.int_value(pos[0].node, "address", addr=True)
-        dtype = self.dtype_value(pos[1].node, tuple(DTYPES))
+        dtype = self.dtype_value(pos[1].node, tuple(STORAGE_DTYPES))
         values = []
         for x in pos[2:]:
             v = self.value(x.node, floats=True)

@@ -468,11 +468,15 @@ def _check_tilemap(tm: TileMap, what: str, regions, subject: tuple, hint: int) -
 
 
 def _check_fits(tm: TileMap, view: tuple[int, int], what: str, target: str, subject) -> None:
+    """Every tile must start inside the view; the last row/column of tiles may run past its
+    edge (a 50257-row LM head need not divide into equal tiles): loading zero-pads those tiles
+    and reading an output clips them."""
     rmin, rmax, cmin, cmax = _tile_range(tm)
     tr, tc = tm.tile
-    if rmin < 0 or cmin < 0 or (rmax + 1) * tr > view[0] or (cmax + 1) * tc > view[1]:
+    if rmin < 0 or cmin < 0 or rmax * tr >= view[0] or cmax * tc >= view[1]:
         _fail(f"{what}: tiles of {tr} x {tc} with tile indices rows {rmin}..{rmax}, cols "
-              f"{cmin}..{cmax} do not fit {target} ({view[0]} x {view[1]})", *subject)
+              f"{cmin}..{cmax} do not fit {target} ({view[0]} x {view[1]}): its tile grid "
+              f"is {-(-view[0] // tr)} x {-(-view[1] // tc)}", *subject)
 
 
 def _check_regions(program: Program) -> None:
@@ -609,9 +613,10 @@ def _check_coverage(s: Symbol, view: tuple[int, int], index: int) -> None:
         ti = (tm.row0 + ry * tm.row_dy + rx * tm.row_dx).ravel()
         tj = (tm.col0 + ry * tm.col_dy + rx * tm.col_dx).ravel()
         fr, fc = tm.tile[0] // cell_r, tm.tile[1] // cell_c
-        tiles = np.zeros((view[0] // tm.tile[0], view[1] // tm.tile[1]), dtype=bool)
+        tiles = np.zeros((-(-view[0] // tm.tile[0]), -(-view[1] // tm.tile[1])), dtype=bool)
         tiles[ti, tj] = True
-        cells = np.repeat(np.repeat(tiles, fr, axis=0), fc, axis=1)
+        cells = np.repeat(np.repeat(tiles, fr, axis=0), fc, axis=1)  # may overhang the view
+        cells = cells[:covered.shape[0], :covered.shape[1]]
         covered[:cells.shape[0], :cells.shape[1]] |= cells
     if not covered.all():
         r, c = np.argwhere(~covered)[0]

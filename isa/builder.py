@@ -30,7 +30,7 @@ from isa.errors import BuildError, EncodingError, FormatError
 from isa.expr import PLAIN_NAME, RESERVED
 from isa.program import (DIR_BITS, Alloc, DataInit, Program, Rect, Region, RouteRule, Symbol,
                          Tensor, TileMap)
-from isa.spec import BY_MNEMONIC, DTYPE_BYTES, DTYPE_NAMES, DTYPES, INSTRUCTIONS
+from isa.spec import BY_MNEMONIC, DTYPE_BYTES, DTYPE_NAMES, DTYPES, INSTRUCTIONS, STORAGE_DTYPES
 
 Loc = tuple[str, int, int]
 
@@ -99,6 +99,15 @@ def dtype_code(value, what: str = "dtype") -> int:
     if isinstance(value, int) and not isinstance(value, bool) and value in DTYPE_NAMES:
         return value
     raise BuildError(f"{what} must be one of {', '.join(DTYPES)}, got {value!r}")
+
+
+def storage_code(value, what: str = "dtype") -> int:
+    """An SRAM storage dtype code (what tile maps hold, i32 included) from a name or a code."""
+    if isinstance(value, str) and value in STORAGE_DTYPES:
+        return STORAGE_DTYPES[value]
+    if isinstance(value, int) and not isinstance(value, bool) and value in DTYPE_NAMES:
+        return value
+    raise BuildError(f"{what} must be one of {', '.join(STORAGE_DTYPES)}, got {value!r}")
 
 
 def port_mask(value, what: str) -> int:
@@ -274,7 +283,7 @@ class RegionBuilder:
 
     def _tilemap(self, addr, dtype, tile, row, col, order, rect, loc) -> tuple[TileMap, object]:
         try:
-            code = dtype_code(dtype)
+            code = storage_code(dtype)
             tile = tuple(tile)
             if len(tile) != 2:
                 raise BuildError(f"tile must be (rows, cols), got {tile!r}")
@@ -304,9 +313,10 @@ class RegionBuilder:
         self._data.append((DataInit(tm, tensor=tensor), addr, loc))
 
     def init(self, addr, dtype, values: Sequence, rect=None, loc: Loc | None = None) -> None:
-        """Put the given values (floats, or FBits for exact bits) at addr on every PE of rect."""
+        """Put the given values at addr on every PE of rect: floats (or FBits for exact bits)
+        for f32/f16/bf16, integers for i32."""
         try:
-            code = dtype_code(dtype)
+            code = storage_code(dtype)
             fmt = DTYPE_NAMES[code]
             if not isinstance(addr, Addr):
                 addr = _int_min(addr, "address", 0)
@@ -401,6 +411,8 @@ class RegionBuilder:
 
 
 def _element_bits(v, fmt: str, index: int) -> int:
+    if fmt == "i32":
+        return _int32_bits(v, index)
     width = 32 if fmt == "f32" else 16
     if isinstance(v, FBits):
         if not 0 <= v.bits < 1 << width:
@@ -413,6 +425,16 @@ def _element_bits(v, fmt: str, index: int) -> int:
                           if isinstance(v, np.integer) else v, fmt)
     except (ValueError, OverflowError):
         raise BuildError(f"value {index} ({v!r}) is out of range for {fmt}") from None
+
+
+def _int32_bits(v, index: int) -> int:
+    """Two's-complement bits of an int32 value; a float (even 3.0) is refused, not truncated."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise BuildError(f"value {index} must be an integer for i32, got {v!r}")
+    v = int(v)
+    if not -(1 << 31) <= v < 1 << 31:
+        raise BuildError(f"value {index} ({v}) is out of range for i32")
+    return v & 0xFFFFFFFF
 
 
 def _make_instr_method(ins):

@@ -94,8 +94,12 @@ def _region_lines(program: Program, region: Region, params: set[str]) -> list[st
                          f"{_tile_args(tm, region, 'F')}")
         else:
             size = DTYPE_BYTES[tm.dtype]
-            values = [float_text(int.from_bytes(d.inline[i:i + size], "little"), dtype)
-                      for i in range(0, len(d.inline), size)]
+            if dtype == "i32":
+                values = [str(int.from_bytes(d.inline[i:i + size], "little", signed=True))
+                          for i in range(0, len(d.inline), size)]
+            else:
+                values = [float_text(int.from_bytes(d.inline[i:i + size], "little"), dtype)
+                          for i in range(0, len(d.inline), size)]
             rel = _rel_rect(tm, region)
             rect = f", rect=({', '.join(map(str, rel))})" if rel else ""
             lines.append(f"    .init {tm.addr}, {dtype}, {', '.join(values)}{rect}")

@@ -22,7 +22,7 @@ N_TOKENS = 8
 MAX_CONTEXT = 16
 # The pure-Python interpreter (the definition of the semantics) is fast enough for these
 # models; test_numba_core_agrees_with_the_reference checks the core on the same programs.
-ENGINE = "reference"
+ENGINE = "core"  # the Numba core; test_numba_core_agrees_with_the_reference checks it
 
 
 @pytest.fixture(scope="module")

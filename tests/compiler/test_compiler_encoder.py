@@ -12,7 +12,7 @@ from isa.compiler import CompileError, compile_model
 from tests.graph.hf_models import load_torch, make_bert, make_gpt2, make_llama
 
 IDS = np.array([3, 99, 7, 400, 12, 5, 250, 31])
-ENGINE = "reference"  # the definition; test_compiler_decoders checks the Numba core against it
+ENGINE = "core"  # test_compiler_decoders checks the Numba core against the reference
 
 
 @pytest.fixture(scope="module")

@@ -123,8 +123,9 @@ def test_errors_carry_the_callers_location():
                                                           row=(0, 0, 1)), rb.halt()),
      "do not fit output 'y'"),
     (lambda pb, rb: (pb.tensor("T", np.zeros((3, 3), np.float32)),
-                     rb.load("T", rb.alloc("b", 64), "f32", (2, 2), row=1), rb.halt()),
-     "tiles of 2 x 2 with tile indices rows 1..1, cols 0..0 do not fit tensor 'T' \\(3 x 3\\)"),
+                     rb.load("T", rb.alloc("b", 64), "f32", (2, 2), row=2), rb.halt()),
+     "tiles of 2 x 2 with tile indices rows 2..2, cols 0..0 do not fit tensor 'T' \\(3 x 3\\): "
+     "its tile grid is 2 x 2"),
     (lambda pb, rb: (rb.li("r1", 1), rb.jmp(9)), "jmp target 9 is outside the code"),
     (lambda pb, rb: (rb.init(4, "f32", [1.0]), rb.halt()), "address 4 overlaps the code"),
     (lambda pb, rb: (rb.init(10, "f32", [1.0]), rb.halt()), "address 10 is not a multiple of 4"),
@@ -196,3 +197,56 @@ def test_external_tensor_reference():
     rb.halt()
     t = pb.build().tensors[0]
     assert (t.file, t.key, t.dtype, t.shape, t.data) == ("m.safetensors", "E", "<f2", (8, 4), None)
+
+
+def test_i32_pieces_loads_and_inits_by_name():
+    pb, rb = _one_region()
+    pb.tensor("pos", np.arange(4, dtype=np.int32))
+    pb.input("ids", "i32", [4])
+    buf = rb.alloc("buf", 64)
+    rb.piece("ids", buf, "i32", (4, 1))
+    rb.load("pos", buf + 16, "i32", (4, 1))
+    rb.init(buf + 32, "i32", [-1, 7, np.int32(-(1 << 31)), (1 << 31) - 1])
+    rb.halt()
+    p = pb.build()
+    assert p.symbols[0].pieces[0].dtype == p.data[0].tilemap.dtype == 3  # spec STORAGE i32
+    inline = p.data[1]
+    assert inline.tilemap.dtype == 3 and inline.tilemap.tile == (4, 1)
+    assert np.frombuffer(inline.inline, "<i4").tolist() == [-1, 7, -(1 << 31), (1 << 31) - 1]
+
+
+@pytest.mark.parametrize("values, message", [
+    ([1, 2.5], "value 1 must be an integer for i32, got 2.5"),
+    ([3.0], "value 0 must be an integer for i32"),
+    ([True], "value 0 must be an integer for i32"),
+    ([1 << 31], "value 0 .* is out of range for i32"),
+])
+def test_i32_init_refuses_non_integers(values, message):
+    _pb, rb = _one_region()
+    with pytest.raises(BuildError, match=message):
+        rb.init(64, "i32", values, loc=("f", 1, 1))
+
+
+def test_instructions_still_refuse_i32():
+    _pb, rb = _one_region()
+    with pytest.raises(BuildError, match="operand 't' must be one of f32, f16, bf16, got 'i32'"):
+        rb.dmem("d0", "i32", 64, 4)
+
+
+def test_edge_tiles_may_run_past_the_tensor():
+    pb, rb = _one_region()
+    pb.tensor("T", np.zeros((5, 3), np.float32))
+    pb.output("y", "f32", [5])
+    rb.load("T", rb.alloc("w", 64), "f32", (3, 3), row=(0, 0, 1))   # rows 0..2, 3..5 of 5
+    rb.piece("y", rb.alloc("y", 16), "f32", (3, 1), row=(0, 0, 1))
+    rb.halt()
+    assert pb.build().data[0].tilemap.tile == (3, 3)
+
+
+def test_edge_tile_coverage_is_still_checked():
+    pb, rb = _one_region()
+    pb.output("y", "f32", [5])
+    rb.piece("y", rb.alloc("y", 16), "f32", (3, 1), row=(1, 0, 0), rect=(0, 0, 1, 1))
+    rb.halt()
+    with pytest.raises(BuildError, match=r"output 'y': element \(0, 0\) of its 5 x 1 view"):
+        pb.build()

@@ -136,3 +136,33 @@ def test_encoded_words_survive_unchanged(tmp_path):
     path = disassemble(p, str(tmp_path), "w")
     again = assemble_file(path)
     assert [r.code for r in again.regions] == [r.code for r in p.regions]
+
+
+def test_partial_edge_tiles_round_trip(tmp_path):
+    # an LM-head-like split: 10 rows in tiles of 4 leaves a 2-row last tile
+    pb = ProgramBuilder("edge")
+    pb.tensor("W", np.arange(30, dtype=np.float32).reshape(10, 3))
+    pb.output("y", "f32", [10])
+    rb = pb.region("r", 0, 0, 3, 1)
+    rb.load("W", rb.alloc("w", 48), "f32", (4, 3), row=(0, 0, 1), order="F")
+    rb.piece("y", rb.alloc("y", 16), "f32", (4, 1), row=(0, 0, 1))
+    rb.halt()
+    program = pb.build()
+    again = binfmt.loads(binfmt.dumps(program))
+    assert again == program
+    text = _round_trip(program, tmp_path, "edge")
+    assert ".piece y," in text
+
+
+def test_i32_pieces_loads_and_inits_round_trip(tmp_path):
+    # what the compiler emits for input_ids / position_ids
+    pb = ProgramBuilder("ids")
+    pb.tensor("pos", np.arange(4, dtype=np.int32))
+    pb.input("ids", "i32", [4])
+    rb = pb.region("r", 0, 0, 1, 1)
+    buf = rb.alloc("buf", 48)
+    rb.piece("ids", buf, "i32", (4, 1))
+    rb.load("pos", buf + 16, "i32", (4, 1))
+    rb.init(buf + 32, "i32", [-1, 7])
+    rb.halt()
+    _round_trip(pb.build(), tmp_path, "ids")
