@@ -1,6 +1,6 @@
 """Host speed of the emulator, each figure beside a reference measured in the same run.
 
-Run: .venv/bin/python -m pytest bench --benchmark-enable
+Run: .venv/bin/python -m pytest bench -o addopts=""  (the test suite skips benchmarks)
 Each case stores its ratio to the reference in the benchmark's extra_info (shown with
 --benchmark-verbose / in --benchmark-json output); bench/README.md lists the figures.
 """

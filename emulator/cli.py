@@ -41,6 +41,11 @@ def user_errors(fn):
             return fn(*args, **kwargs)
         except (AsmError, FormatError, LoadError, MachineError, TensorError, CompileError) as e:
             raise UserError(str(e)) from None
+        except BrokenPipeError:
+            # the reader went away (`wse-emu ... | head`): not the user's mistake; exit quietly
+            # with the code the run would have had, stdout can no longer take anything
+            sys.stdout = open(os.devnull, "w")
+            raise
         except OSError as e:
             raise UserError(f"{e.filename or ''}: {e.strerror}".lstrip(": ")) from None
 
@@ -76,6 +81,9 @@ class OneLineErrors(click.Group):
             return super().main(*args, standalone_mode=False, **kwargs)
         except click.exceptions.Exit as e:
             sys.exit(e.exit_code)
+        except click.exceptions.NoArgsIsHelpError as e:
+            click.echo(e.ctx.get_help())
+            sys.exit(0)
         except click.UsageError as e:
             cmd = e.ctx.command_path if e.ctx else "wse-emu"
             click.echo(f"wse-emu: error: {e.format_message()} (see '{cmd} --help')", err=True)
@@ -83,6 +91,8 @@ class OneLineErrors(click.Group):
         except click.ClickException as e:
             e.show()
             sys.exit(e.exit_code)
+        except BrokenPipeError:
+            sys.exit(1)
         except click.Abort:
             click.echo("wse-emu: aborted", err=True)
             sys.exit(1)

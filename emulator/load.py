@@ -348,6 +348,8 @@ def write_input(loaded: Loaded, name: str, values: np.ndarray) -> None:
     """Scatter a host array into every piece of input symbol `name`."""
     s = symbol(loaded, name, "input")
     values = np.asarray(values)
+    if values.dtype.kind not in "biuf":
+        raise LoadError(f"--input {name}: values have dtype {values.dtype}, expected numbers")
     if tuple(values.shape) != tuple(s.shape):
         raise LoadError(f"input {name!r} must have shape {tuple(s.shape)}, got {values.shape}")
     tag = "<i4" if s.dtype == "i32" else "<f4"
