@@ -201,6 +201,11 @@ def run(binary, machine_name, inputs, dump_dir, as_json, trace_path, plot_path, 
     from emulator.machine import load_machine
     from isa.binfmt import read_program
 
+    from isa.fileio import check_folder
+
+    for out in (trace_path, plot_path):  # refuse before the run, not after it
+        if out:
+            check_folder(out)
     program = read_program(binary)
     machine = load_machine(machine_name)
     loaded = load(program, machine, base_dir=base_dir_of(binary))

@@ -3,9 +3,8 @@ Chrome/Perfetto trace and PNG heatmaps of utilisation over the mesh."""
 
 from __future__ import annotations
 
+import io
 import json
-import os
-import tempfile
 
 import numpy as np
 
@@ -13,6 +12,7 @@ from emulator.load import N_PORTS, Loaded
 from emulator.result import (FAULT_REASONS, RUN_DEADLOCK, RUN_FAULT, RUN_HALTED, RUN_MAX_CYCLES,
                              ST_HALT, ST_WAIT_BP, ST_WAIT_RECV, STATUS_NAMES, RunResult)
 from isa.encoding import format_instr
+from isa.fileio import atomic_write
 from isa.program import DIR_NAMES
 from isa.spec import COST_CLASSES
 
@@ -144,18 +144,6 @@ def text(d: dict) -> str:
     return "\n".join(lines)
 
 
-def _atomic_write(path: str, data: bytes) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def write_trace(path: str, loaded: Loaded, result: RunResult) -> int:
     """Chrome / Perfetto trace JSON: one thread per PE, one slice per tensor-op chunk."""
     us_per_cycle = 1e6 / loaded.machine.clock_hz
@@ -173,7 +161,7 @@ def write_trace(path: str, loaded: Loaded, result: RunResult) -> int:
                                 "instr": instr_text(loaded, pe, pc)}})
     doc = {"traceEvents": events, "displayTimeUnit": "ns",
            "otherData": {"machine": loaded.machine.name, "cycles": int(result.cycles)}}
-    _atomic_write(path, json.dumps(doc).encode())
+    atomic_write(path, json.dumps(doc).encode())
     return len(events)
 
 
@@ -199,10 +187,10 @@ def plot_utilisation(path: str, loaded: Loaded, result: RunResult) -> None:
         fig.colorbar(im, ax=ax, shrink=0.8)
     fig.suptitle(f"{loaded.program.name} on {loaded.machine.name}: {result.cycles:,} cycles")
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
     plt.close(fig)
-    os.replace(tmp, path)
+    atomic_write(path, png.getvalue())
 
 
 EXIT_CODES = {RUN_HALTED: 0, RUN_DEADLOCK: 1, RUN_MAX_CYCLES: 1, RUN_FAULT: 1}

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import struct
-import tempfile
 import zlib
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from isa.encoding import decode
 from isa.errors import EncodingError, FormatError
 from isa.expr import PLAIN_NAME, RESERVED
 from isa.info import program_colors, region_sram_bytes
+from isa.fileio import atomic_write
 from isa.program import (DIR_BITS, Alloc, DataInit, Program, Rect, Region, RouteRule, Symbol,
                          Tensor, TileMap)
 from isa.spec import DTYPE_BYTES, DTYPE_NAMES
@@ -118,19 +117,7 @@ def dumps(program: Program) -> bytes:
 
 def write_program(program: Program, path: str) -> None:
     """Write program.bin atomically: a temporary file renamed over `path`, or nothing at all."""
-    blob = dumps(program)
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".",
-                               prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    atomic_write(path, dumps(program))
 
 
 # ---------------------------------------------------------------------------------------------

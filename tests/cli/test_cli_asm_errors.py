@@ -118,8 +118,6 @@ def test_output_option_is_required(tmp_path, wse, user_error):
     assert listing(tmp_path) == ["p.wsa"]
 
 
-@pytest.mark.xfail(strict=True, reason="bug: isa/binfmt.py write_program lets mkstemp's "
-                   "OSError through, so the message names '.p.bin.XXXX.tmp', not the -o path")
 def test_output_into_a_missing_folder_names_the_path_given(tmp_path, cli, user_error):
     (tmp_path / "p.wsa").write_text(GOOD)
     line = user_error(cli("asm", "p.wsa", "-o", "missing/p.bin", cwd=tmp_path),

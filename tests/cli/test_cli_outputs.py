@@ -97,9 +97,6 @@ def _umask() -> int:
     return mask
 
 
-@pytest.mark.xfail(strict=True, reason="bug: isa/binfmt.py write_program and emulator/report.py "
-                   "_atomic_write create files with tempfile.mkstemp, mode 0600 whatever the "
-                   "umask, so program.bin and trace.json are unreadable to other users")
 def test_written_files_get_the_usual_permissions(small_gemv, traced, cli, tmp_path):
     expected = 0o666 & ~_umask()
     cli("disasm", small_gemv["bin"], "-o", tmp_path, cwd=tmp_path)
@@ -109,9 +106,6 @@ def test_written_files_get_the_usual_permissions(small_gemv, traced, cli, tmp_pa
         assert stat.S_IMODE(path.stat().st_mode) == expected, path.name
 
 
-@pytest.mark.xfail(strict=True, reason="bug: report.py writes the trace through mkstemp (and "
-                   "the plot through PATH.tmp.png) after the run, so a missing folder is "
-                   "reported as '.tmp-XXXX' / 't.png.tmp.png', once --dump-dir is written")
 @pytest.mark.parametrize("option", ["--trace", "--plot"])
 def test_output_into_a_missing_folder_is_refused_up_front(small_gemv, cli, user_error,
                                                           tmp_path, option):
