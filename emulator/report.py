@@ -84,7 +84,10 @@ def summary(loaded: Loaded, result: RunResult) -> dict:
     m = loaded.machine
     cycles = int(result.cycles)
     active = int(np.sum(result.instructions > 0))
-    busy_total = int(result.busy.sum())
+    # A run stopped by --max-cycles reports the window up to the limit: the instruction that
+    # crossed it counts only up to there.
+    busy = np.minimum(result.busy, cycles) if result.outcome == RUN_MAX_CYCLES else result.busy
+    busy_total = int(busy.sum())
     used_links = int(np.sum(result.link_wavelets > 0))
     d = {
         "status": result.outcome_name,
@@ -102,7 +105,7 @@ def summary(loaded: Loaded, result: RunResult) -> dict:
             "recv_stall": int(result.recv_stall.sum()),
             "backpressure_stall": int(result.bp_stall.sum()),
             "mean_utilisation": round(busy_total / max(cycles * loaded.n_pes, 1), 4),
-            "max_busy": int(result.busy.max()) if loaded.n_pes else 0,
+            "max_busy": int(busy.max()) if loaded.n_pes else 0,
         },
         "fabric": {
             "messages": int(result.messages),

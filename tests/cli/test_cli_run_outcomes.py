@@ -122,9 +122,6 @@ def test_max_cycles_stops_an_infinite_loop(tmp_path, assemble, cli, wse):
     assert "program   spin on wse3: max-cycles" in text.stdout
 
 
-@pytest.mark.xfail(strict=True, reason="bug: on --max-cycles, PE busy cycles count the "
-                   "instruction that crossed the limit while cycles = the limit (report.py "
-                   "summary), so utilisation reads 100.1%")
 def test_max_cycles_utilisation_is_at_most_one(tmp_path, assemble, cli):
     assemble(tmp_path, "spin", SPIN)
     d = json.loads(cli("run", "spin.bin", "--max-cycles", "1000", "--json", cwd=tmp_path).stdout)
