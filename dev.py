@@ -35,9 +35,14 @@ def ensure_env(extras: str) -> None:
         venv.EnvBuilder(with_pip=True).create(VENV)
     print(f"dev.py: installing wse-emu{extras} into .venv (first run takes a few minutes)",
           flush=True)
-    subprocess.run([str(PY), "-m", "pip", "install", "--quiet", "--upgrade", "pip"], check=True)
-    subprocess.run([str(PY), "-m", "pip", "install", "--quiet", "-e", f".{extras}"],
-                   cwd=ROOT, check=True)
+    for args in (["--upgrade", "pip"], ["-e", f".{extras}"]):
+        # pip and setuptools chatter (index warnings, editable-install notes) is shown only
+        # when the install fails
+        done = subprocess.run([str(PY), "-m", "pip", "install", "--quiet", *args], cwd=ROOT,
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.stderr.write(done.stdout + done.stderr)
+            sys.exit(f"dev.py: pip install {' '.join(args)} failed (see above)")
     stamp.write_text(want)
 
 
