@@ -71,6 +71,10 @@ def run_demo(machine_name: str = "wse3", tokens: int = 8) -> int:
               f"({report.pes / machine.pes:.2%} of the wafer) in a {report.fabric[0]} x "
               f"{report.fabric[1]} box, SRAM per PE max {report.sram_max:,} B / mean "
               f"{report.sram_mean:,.0f} B, {report.colors} colors", flush=True)
+        cache = Path(__file__).parent / "__pycache__"
+        if not any(cache.glob("core_sched*.nbi")):
+            print("note      first run on this machine: Numba compiles the emulator core "
+                  "(about a minute, cached after that)", flush=True)
         gen = Generator(program, machine, base_dir=None)
         res = gen.generate(PROMPT, tokens)
         golden = GraphRunner(_graph(model)).generate_greedy(PROMPT, tokens)
