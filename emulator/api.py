@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emulator.load import Loaded, load, read_output, write_input
+from emulator.load import Loaded, load, read_output, write_inputs
 from emulator.machine import Machine, load_machine
 from emulator.result import RunResult
 from isa.program import Program
@@ -24,6 +24,17 @@ class Execution:
     outputs: dict[str, np.ndarray]
 
 
+def engine_run(engine: str):
+    """The run function of an engine: "core" (Numba) or "reference" (pure Python)."""
+    if engine == "reference":
+        from emulator.reference import run
+    elif engine == "core":
+        from emulator.core import run
+    else:
+        raise ValueError(f"unknown engine {engine!r} (core, reference)")
+    return run
+
+
 def execute(program: Program, machine: Machine | str = "wse3",
             inputs: dict[str, np.ndarray] | None = None, base_dir: str | None = None,
             engine: str = "core", max_cycles: int | None = None, trace: bool = False,
@@ -31,13 +42,8 @@ def execute(program: Program, machine: Machine | str = "wse3",
     if isinstance(machine, str):
         machine = load_machine(machine)
     loaded = load(program, machine, base_dir=base_dir)
-    for name, values in (inputs or {}).items():
-        write_input(loaded, name, values)
-    if engine == "reference":
-        from emulator.reference import run
-    else:
-        from emulator.core import run
-    result = run(loaded, max_cycles=max_cycles, trace=trace, progress=progress)
+    write_inputs(loaded, inputs or {})
+    result = engine_run(engine)(loaded, max_cycles=max_cycles, trace=trace, progress=progress)
     outputs = {s.name: read_output(loaded, s.name)
                for s in program.symbols if s.kind == "output"}
     return Execution(loaded, result, outputs)

@@ -197,10 +197,10 @@ def run(binary, machine_name, inputs, dump_dir, as_json, trace_path, plot_path, 
         reference):
     """Run BINARY on an emulated mesh and report cycles, stalls and traffic."""
     from emulator import report
-    from emulator.load import base_dir_of, load, read_output, write_input
+    from emulator.api import engine_run
+    from emulator.load import base_dir_of, check_input_names, load, read_output, write_inputs
     from emulator.machine import load_machine
     from isa.binfmt import read_program
-
     from isa.fileio import check_folder
 
     for out in (trace_path, plot_path):  # refuse before the run, not after it
@@ -210,25 +210,9 @@ def run(binary, machine_name, inputs, dump_dir, as_json, trace_path, plot_path, 
     machine = load_machine(machine_name)
     loaded = load(program, machine, base_dir=base_dir_of(binary))
     given = parse_pairs(inputs, "--input")
-    declared = [s.name for s in program.symbols if s.kind == "input"]
-    for name in given:
-        if name not in declared:
-            raise UserError(f"--input {name}: the program has no input {name!r} "
-                            f"(inputs: {', '.join(declared) or 'none'})")
-    for name in declared:
-        if name in given:
-            write_input(loaded, name, load_npy(given[name], f"--input {name}"))
-        elif name == "position_ids":  # as in transformers: positions 0 .. T-1 by default
-            import numpy as np
-
-            shape = next(s.shape for s in program.symbols if s.name == name)
-            write_input(loaded, name, np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape))
-        else:
-            raise UserError(f"input {name!r} not given: pass --input {name}=FILE.npy")
-    if reference:
-        from emulator.reference import run as engine
-    else:
-        from emulator.core import run as engine
+    check_input_names(program, given)
+    write_inputs(loaded, {name: load_npy(path, f"--input {name}") for name, path in given.items()})
+    engine = engine_run("reference" if reference else "core")
     result = engine(loaded, max_cycles=max_cycles, trace=bool(trace_path),
                     progress=progress_printer())
     if sys.stderr.isatty():

@@ -55,11 +55,9 @@ class Generator:
         self.layers = int(info["layers"])
         self.loaded = load(program, self.machine, base_dir=base_dir)
         self._initial = self.loaded.sram.copy()  # weights, code, empty caches
-        if engine == "reference":
-            from emulator.reference import run
-        else:
-            from emulator.core import run
-        self._run = run
+        from emulator.api import engine_run
+
+        self._run = engine_run(engine)
         self._layer_of_pe = self._pe_layers(info)
         self.n_past = 0
         self.last_result = None

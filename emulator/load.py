@@ -358,6 +358,29 @@ def write_input(loaded: Loaded, name: str, values: np.ndarray) -> None:
         _write_tiles(loaded, piece, values, tag, f"input '{name}'")
 
 
+def check_input_names(program: Program, names) -> None:
+    """LoadError for a name that is not an input symbol of the program."""
+    declared = sorted(s.name for s in program.symbols if s.kind == "input")
+    for name in names:
+        if name not in declared:
+            raise LoadError(f"--input {name}: the program has no input {name!r} "
+                            f"(inputs: {', '.join(declared) or 'none'})")
+
+
+def write_inputs(loaded: Loaded, given: dict[str, np.ndarray]) -> None:
+    """Scatter every input symbol: the given arrays, `position_ids` defaulting to 0 .. T-1 (as
+    in transformers); any other input left out is an error, not silent zeros."""
+    check_input_names(loaded.program, given)
+    for s in (s for s in loaded.program.symbols if s.kind == "input"):
+        if s.name in given:
+            write_input(loaded, s.name, given[s.name])
+        elif s.name == "position_ids":
+            n = int(np.prod(s.shape))
+            write_input(loaded, s.name, np.arange(n, dtype=np.int32).reshape(s.shape))
+        else:
+            raise LoadError(f"input {s.name!r} not given: pass --input {s.name}=FILE.npy")
+
+
 def read_output(loaded: Loaded, name: str) -> np.ndarray:
     """Gather output symbol `name` from SRAM into a host array of its shape and dtype."""
     from kernels.convert import bf16_to_f32_array
