@@ -13,6 +13,7 @@ COMMANDS = ("asm", "disasm", "info", "run", "machines", "demo")
 # (name, width, height, clock GHz) as FACTS.md gives them
 PRESETS = [("test64", 64, 64, 1.1), ("tiny", 8, 8, 1.1), ("wse2", 757, 996, 0.85),
            ("wse3", 762, 1172, 1.1)]
+GPUS = [("a100", 108, 164, 80, 2.04), ("h100", 132, 228, 80, 3.35), ("h200", 132, 228, 141, 4.8)]
 
 # Run one command in-process in a fresh interpreter and report what it imported.
 PROBE = """\
@@ -65,10 +66,14 @@ def test_machines_lists_presets_with_fabric_sizes(wse, tmp_path):
     assert out.code == 0 and out.stderr == ""
     lines = out.stdout.splitlines()
     names = [line.split()[0] for line in lines if line and not line[0].isspace()]
-    assert names == [p[0] for p in PRESETS]
+    assert names == sorted([p[0] for p in PRESETS] + [g[0] for g in GPUS])
     for name, w, h, ghz in PRESETS:
         [line] = [line for line in lines if line.startswith(f"{name} ")]
         assert f" {w} x {h} PEs, 48 KB SRAM/PE, {ghz:g} GHz, 24 colors" in line, line
+    for name, sms, smem, gb, tbs in GPUS:
+        [line] = [line for line in lines if line.startswith(f"{name} ")]
+        assert f" {sms} cores, {smem} KB SRAM/core," in line, line
+        assert f"HBM {gb} GB at {tbs:g} TB/s" in line, line
 
 
 @pytest.fixture(scope="module")
