@@ -38,12 +38,14 @@ def engine_run(engine: str):
 def execute(program: Program, machine: Machine | str = "wse3",
             inputs: dict[str, np.ndarray] | None = None, base_dir: str | None = None,
             engine: str = "core", max_cycles: int | None = None, trace: bool = False,
-            progress=None) -> Execution:
+            progress=None, timing_only: bool = False) -> Execution:
+    """Load, scatter inputs, run, gather outputs. timing_only: no SRAM contents (the same
+    cycles; outputs is then empty)."""
     if isinstance(machine, str):
         machine = load_machine(machine)
-    loaded = load(program, machine, base_dir=base_dir)
+    loaded = load(program, machine, base_dir=base_dir, with_data=not timing_only)
     write_inputs(loaded, inputs or {})
     result = engine_run(engine)(loaded, max_cycles=max_cycles, trace=trace, progress=progress)
-    outputs = {s.name: read_output(loaded, s.name)
-               for s in program.symbols if s.kind == "output"}
+    outputs = {} if timing_only else {s.name: read_output(loaded, s.name)
+                                      for s in program.symbols if s.kind == "output"}
     return Execution(loaded, result, outputs)

@@ -69,8 +69,8 @@ def load_npy(path: str, what: str):
         return np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise UserError(f"{what}: no such file {path}") from None
-    except (ValueError, OSError) as e:
-        raise UserError(f"{what}: {path} is not a .npy file ({e})") from None
+    except (ValueError, OSError, EOFError) as e:  # EOFError: an empty file
+        raise UserError(f"{what}: {path} is not a .npy file ({e or 'empty'})") from None
 
 
 class OneLineErrors(click.Group):
@@ -192,9 +192,11 @@ def progress_printer():
               help="write a PNG heatmap of PE and link utilisation")
 @click.option("--max-cycles", type=click.IntRange(min=1), help="stop a run that passes N cycles")
 @click.option("--reference", is_flag=True, help="use the pure-Python reference interpreter")
+@click.option("--timing-only", is_flag=True,
+              help="no SRAM contents: the same cycles, for --shape-only programs at full size")
 @user_errors
 def run(binary, machine_name, inputs, dump_dir, as_json, trace_path, plot_path, max_cycles,
-        reference):
+        reference, timing_only):
     """Run BINARY on an emulated mesh and report cycles, stalls and traffic."""
     from emulator import report
     from emulator.api import engine_run
@@ -203,12 +205,16 @@ def run(binary, machine_name, inputs, dump_dir, as_json, trace_path, plot_path, 
     from isa.binfmt import read_program
     from isa.fileio import check_folder
 
+    if timing_only and dump_dir:
+        raise UserError("--dump-dir: a --timing-only run computes no output values")
+    if timing_only and reference:
+        raise UserError("--reference runs functional programs only (drop --timing-only)")
     for out in (trace_path, plot_path):  # refuse before the run, not after it
         if out:
             check_folder(out)
     program = read_program(binary)
     machine = load_machine(machine_name)
-    loaded = load(program, machine, base_dir=base_dir_of(binary))
+    loaded = load(program, machine, base_dir=base_dir_of(binary), with_data=not timing_only)
     given = parse_pairs(inputs, "--input")
     check_input_names(program, given)
     write_inputs(loaded, {name: load_npy(path, f"--input {name}") for name, path in given.items()})
@@ -218,6 +224,7 @@ def run(binary, machine_name, inputs, dump_dir, as_json, trace_path, plot_path, 
     if sys.stderr.isatty():
         click.echo("\r" + " " * 70 + "\r", err=True, nl=False)
     d = report.summary(loaded, result)
+    d["mode"] = "timing-only" if timing_only else "functional"
     if dump_dir:
         import numpy as np
 
@@ -279,8 +286,10 @@ def compile_cmd(model, output, machine_name, dtype, max_context, shape_only, dum
 @click.option("--machine", "machine_name", default="wse3", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 @click.option("--reference", is_flag=True, help="use the pure-Python reference interpreter")
+@click.option("--timing-only", is_flag=True,
+              help="no weights needed (--shape-only programs): decode-step timing, no token ids")
 @user_errors
-def generate(binary, prompt_ids, tokens, machine_name, as_json, reference):
+def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timing_only):
     """Greedy generation with a compiled decoder, one emulated decode step per token."""
     from emulator.generate import Generator
     from emulator.load import base_dir_of
@@ -292,13 +301,19 @@ def generate(binary, prompt_ids, tokens, machine_name, as_json, reference):
         raise UserError(f"--prompt-ids {prompt_ids!r} must be integers separated by commas")
     if not ids:
         raise UserError("--prompt-ids needs at least one token id")
+    if timing_only and reference:
+        raise UserError("--reference runs functional programs only (drop --timing-only)")
     gen = Generator(read_program(binary), machine_name, base_dir=base_dir_of(binary),
-                    engine="reference" if reference else "core")
+                    engine="reference" if reference else "core", timing_only=timing_only)
     res = gen.generate(ids, tokens)
     if as_json:
         click.echo(json.dumps(res.to_json(), indent=1))
         return
-    click.echo(f"generated ids   {','.join(map(str, res.generated_ids))}")
+    if timing_only:
+        click.echo(f"timing only     {tokens} decode steps after {len(ids)} prompt positions "
+                   f"(token values are not computed; each step fed token {ids[-1]})")
+    else:
+        click.echo(f"generated ids   {','.join(map(str, res.generated_ids))}")
     click.echo(f"emulated        {res.seconds_per_token * 1e6:.2f} us/token = "
                f"{res.tokens_per_second:,.0f} tokens/s on {gen.machine.name}")
     click.echo(f"cycles/token    {', '.join(f'{c:,}' for c in res.cycles_per_token)}")

@@ -67,9 +67,8 @@ def run(loaded: Loaded, max_cycles: int | None = None, trace: bool = False,
         trace_cap: int = 1_000_000, progress=None) -> RunResult:
     """Run `loaded` to its end (mutates loaded.sram; read outputs with load.read_output)."""
     t = time.perf_counter()
-    if loaded.sram.size < loaded.n_pes * loaded.pe_stride:
-        raise ValueError("this Loaded has no SRAM contents (with_data=False): the core runs "
-                         "functional programs only")
+    if not loaded.timing_only and loaded.sram.size < loaded.n_pes * loaded.pe_stride:
+        raise ValueError("this Loaded's SRAM is smaller than its PEs need")
     if loaded.pe_stride >= 1 << 31:  # the core's address checks assume less (core_exec.FAR)
         raise ValueError(f"{loaded.pe_stride} bytes of SRAM per PE: the core supports < 2 GiB")
     state = State(loaded, max_cycles, trace, trace, trace_cap)

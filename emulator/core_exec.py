@@ -16,8 +16,9 @@ from numba import njit
 from emulator.core_fabric import need
 from emulator.core_state import (
     CK_FMAC, CK_MOVE, CK_SPECIAL, D_ADDR, D_COLOR, D_COUNT, D_CSTRIDE, D_DTYPE, D_KIND, D_LEN,
-    D_STRIDE, FABOUT_BIT, K_CLASS0, K_INSTR_TOTAL, K_TRACE_N, MP_PE_STRIDE, MP_TRACE_CAP,
-    NEED_TRACE, P_BUSY, P_CLOCK, P_DONE, P_FABRIC, P_FAULT, P_INSTR, P_PC, P_RSTALL, P_STATUS,
+    D_STRIDE, FABOUT_BIT, K_CLASS0, K_INSTR_TOTAL, K_TRACE_N, MP_PE_STRIDE, MP_TIMING, MP_TRACE_CAP,
+    NEED_TRACE, P_BUSY, P_CLOCK, P_DONE, P_FABRIC, P_FAULT, P_FTAINT, P_INSTR, P_PC, P_RSTALL,
+    P_SRAM0, P_STATUS, P_THI, P_TLO,
     S_ADD, S_ADDI, S_AND, S_ANDI, S_BEQ, S_BGE, S_BINARY, S_BLT, S_BNE, S_D2D, S_DADDR, S_DFIN,
     S_DFOUT, S_DIV, S_DLEN, S_DMEM, S_DSTRIDE, S_FADD, S_FDIV, S_FEXP, S_FILL, S_FLI, S_FLW, S_FMA,
     S_FMAX, S_FMIN, S_FMOV, S_FMUL, S_FRSQRT, S_FSQRT, S_FSUB, S_FSW, S_FTOI, S_HALT, S_ITOF, S_JMP,
@@ -25,7 +26,7 @@ from emulator.core_state import (
     S_SLT, S_SUB, S_SW, S_TENSOR, S_XOR, V_CONVERT, V_F16, V_F32, V_MIXED, V_SPECIAL, X_FAULT)
 from emulator.core_undo import note_write
 from emulator.result import (F_ALIGN, F_COUNT, F_DEST_NOT_MEM, F_FABIN_DEST, F_FABOUT_SRC, F_OOB,
-                             F_SAME_COLOR, F_SCALAR_MEM, F_TARGET, ST_HALT)
+                             F_SAME_COLOR, F_SCALAR_MEM, F_TARGET, F_TIMING_DATA, ST_HALT)
 from isa.spec import DSD_FABIN, DSD_FABOUT, DSD_MEM, DTYPES
 from kernels import scalar
 from kernels.access import gather, scatter
@@ -57,11 +58,31 @@ def _target(t, code_len):
 
 
 @njit(cache=True, inline="always")
-def _word_index(p, addr, pe_stride):
-    """Index into the int32/fp32 view of SRAM of PE p's byte address, or -1 if not allowed."""
+def _word_index(base, addr, pe_stride):
+    """Index into the int32/fp32 view of SRAM of a byte address of the PE whose SRAM starts at
+    byte `base`, or -1 if not allowed."""
     if addr < 0 or addr > pe_stride - 4 or addr & 3 != 0:
         return -1
-    return (p * pe_stride + addr) // 4
+    return (base + addr) // 4
+
+
+@njit(cache=True, inline="always")
+def unknown_word(pe, p, addr):
+    """Timing-only mode: does the word at addr hold a value computed from data?"""
+    return pe[p, P_TLO] < pe[p, P_THI] and addr + 4 > pe[p, P_TLO] and addr < pe[p, P_THI]
+
+
+@njit(cache=True, inline="always")
+def mark_unknown(pe, p, lo, hi):
+    """Timing-only mode: bytes [lo, hi) of PE p now hold values computed from data."""
+    if lo >= hi:
+        return
+    if pe[p, P_TLO] == pe[p, P_THI]:
+        pe[p, P_TLO] = lo
+        pe[p, P_THI] = hi
+    else:
+        pe[p, P_TLO] = min(pe[p, P_TLO], lo)
+        pe[p, P_THI] = max(pe[p, P_THI], hi)
 
 
 @njit(cache=True)
@@ -131,10 +152,12 @@ def exec_int(p, sem, a, b, c, imm, pc, code_len, pe, ireg, sram_i32, sram_u16, u
         ireg[p, a] = ireg[p, b] >> (imm & 63)
     elif sem == S_LW or sem == S_SW:
         addr = ireg[p, b] + imm
-        w = _word_index(p, addr, mp[MP_PE_STRIDE])
+        w = _word_index(pe[p, P_SRAM0], addr, mp[MP_PE_STRIDE])
         if w < 0:
             return -F_SCALAR_MEM
         if sem == S_LW:
+            if mp[MP_TIMING] and unknown_word(pe, p, addr):
+                return -F_TIMING_DATA
             ireg[p, a] = np.int64(sram_i32[w])
         else:
             note_write(p, addr, addr + 4, pe, sram_u16, undo, undo_data, counters, mp)
@@ -174,15 +197,39 @@ def exec_float(p, sem, a, b, c, imm, pc, pe, ireg, freg, sram_f32, sram_u16, und
         ireg[p, a] = np.int64(v) if np.isfinite(v) and abs(v) < 9.223372036854775808e18 else 0
     elif sem == S_FLW or sem == S_FSW:
         addr = ireg[p, b] + imm
-        w = _word_index(p, addr, mp[MP_PE_STRIDE])
+        w = _word_index(pe[p, P_SRAM0], addr, mp[MP_PE_STRIDE])
         if w < 0:
             return -F_SCALAR_MEM
         if sem == S_FLW:
             freg[p, a] = sram_f32[w]
+            if mp[MP_TIMING]:  # a float from computed data is only unknown, not yet a problem
+                bit = np.int64(1) << a
+                pe[p, P_FTAINT] = (pe[p, P_FTAINT] | bit) if unknown_word(pe, p, addr) else \
+                    (pe[p, P_FTAINT] & ~bit)
+                return pc + 1
         else:
             note_write(p, addr, addr + 4, pe, sram_u16, undo, undo_data, counters, mp)
             sram_f32[w] = freg[p, a]
+            if mp[MP_TIMING] and (pe[p, P_FTAINT] >> a) & 1:
+                mark_unknown(pe, p, addr, addr + 4)
+    if mp[MP_TIMING]:
+        _taint(p, sem, a, b, c, pe)
+        if sem == S_FTOI and (pe[p, P_FTAINT] >> b) & 1:
+            return -F_TIMING_DATA
     return pc + 1
+
+
+@njit(cache=True, inline="always")
+def _taint(p, sem, a, b, c, pe):
+    """Timing-only mode: f register a is unknown after a scalar float op iff an operand was."""
+    t = pe[p, P_FTAINT]
+    if sem == S_FLI or sem == S_ITOF:
+        pe[p, P_FTAINT] = t & ~(np.int64(1) << a)
+    elif sem == S_FMOV or sem == S_FEXP or sem == S_FRSQRT or sem == S_FSQRT:
+        pe[p, P_FTAINT] = (t & ~(np.int64(1) << a)) | (((t >> b) & 1) << a)
+    elif sem != S_FSW and sem != S_FTOI:
+        u = ((t >> b) | (t >> c)) & 1
+        pe[p, P_FTAINT] = (t & ~(np.int64(1) << a)) | (u << a)
 
 
 @njit(cache=True, inline="always")
@@ -291,15 +338,15 @@ def simd_variant(kind, d0, d1, d2, nd):
 
 
 @njit(cache=True, inline="always")
-def _read_mem(dsd, p, r, first, k, out, sram_f32, sram_u16, pe_stride):
-    gather(sram_f32, sram_u16, p * pe_stride + dsd[p, r, D_ADDR], dsd[p, r, D_LEN],
+def _read_mem(dsd, p, r, first, k, out, sram_f32, sram_u16, base):
+    gather(sram_f32, sram_u16, base + dsd[p, r, D_ADDR], dsd[p, r, D_LEN],
            dsd[p, r, D_STRIDE], dsd[p, r, D_COUNT], dsd[p, r, D_CSTRIDE], dsd[p, r, D_DTYPE],
            first, k, out)
 
 
 @njit(cache=True, inline="always")
-def _write_mem(dsd, p, r, first, k, vals, sram_f32, sram_u16, pe_stride):
-    scatter(sram_f32, sram_u16, p * pe_stride + dsd[p, r, D_ADDR], dsd[p, r, D_LEN],
+def _write_mem(dsd, p, r, first, k, vals, sram_f32, sram_u16, base):
+    scatter(sram_f32, sram_u16, base + dsd[p, r, D_ADDR], dsd[p, r, D_LEN],
             dsd[p, r, D_STRIDE], dsd[p, r, D_COUNT], dsd[p, r, D_CSTRIDE], dsd[p, r, D_DTYPE],
             first, k, vals)
 

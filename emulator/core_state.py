@@ -75,9 +75,14 @@ N_CODE_COLS = 10
 # original contents are in the undo log, for an exact replay (core.py).
 # P_FABRIC: bit r set when descriptor r is a fabric input, bit FABOUT_BIT + r when a fabric
 # output, so that finding a PE's next fabric operation needs no descriptor loads.
+# P_SRAM0: byte offset of the PE's SRAM in the flat SRAM arrays (Loaded.sram_row * stride;
+# negative for a PE without SRAM in timing-only mode, which then has no scalar memory access).
+# Timing-only mode: P_TLO/P_THI span the bytes a tensor op, a receive or a DMA "wrote" (their
+# values are unknown), P_FTAINT has bit r set while f register r holds an unknown value.
 (P_PC, P_CLOCK, P_STATUS, P_WAIT, P_DONE, P_INSTR, P_BUSY, P_RSTALL, P_BPSTALL, P_FAULT,
- P_CODE0, P_CODELEN, P_HULL_LO, P_HULL_HI, P_FABRIC) = range(15)
-N_PE_COLS = 15
+ P_CODE0, P_CODELEN, P_HULL_LO, P_HULL_HI, P_FABRIC, P_SRAM0, P_TLO, P_THI,
+ P_FTAINT) = range(19)
+N_PE_COLS = 19
 FABOUT_BIT = N_DREGS
 
 # Descriptor fields (dsd[pe, reg, field]), as in emulator/reference.py.
@@ -115,9 +120,10 @@ MAX_KEY_BITS = 62
 
 # Run parameters (int64 vector).
 # MP_UNDO: log the original contents of written SRAM (for a replay in strict order).
+# MP_TIMING: timing-only mode (no data moves or is computed; cycles as in functional mode).
 (MP_ISSUE, MP_HOP, MP_RAMP, MP_QDEPTH, MP_COLORS, MP_PE_STRIDE, MP_MAX_CYCLES, MP_STRICT,
- MP_TRACE_CAP, MP_UNDO, MP_PE_BITS) = range(11)
-N_MP = 11
+ MP_TRACE_CAP, MP_UNDO, MP_PE_BITS, MP_TIMING) = range(12)
+N_MP = 12
 
 # Counters and requests between the jitted loop and the driver (int64 vector).
 # The instruction count of cost class i is counters[K_CLASS0 + i].
@@ -267,6 +273,7 @@ class State:
         self.pe[:, P_WAIT] = -1
         self.pe[:, P_CODE0] = loaded.pe_code_start
         self.pe[:, P_CODELEN] = loaded.pe_code_len
+        self.pe[:, P_SRAM0] = loaded.sram_row.astype(np.int64) * loaded.pe_stride
         self.ireg = fixed.buffer("ireg", loaded.ireg_init.shape, np.int64)
         self.ireg[:] = loaded.ireg_init
         self.freg = fixed.buffer("freg", (n, N_FREGS), np.float32)
@@ -291,6 +298,7 @@ class State:
         self.mp[MP_TRACE_CAP] = trace_cap if trace else 0
         self.mp[MP_UNDO] = int(not strict)
         self.mp[MP_PE_BITS] = pe_bits(n)
+        self.mp[MP_TIMING] = int(loaded.timing_only)
         self.queue = fixed.buffer("queue", (n * m.colors, 3), np.int64)
         self.queue[:] = 0
         self.link = fixed.buffer("link", (loaded.n_links, 2), np.int64)

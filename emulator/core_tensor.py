@@ -9,13 +9,13 @@ import numpy as np
 from numba import njit
 
 from emulator.core_exec import (_fault, _read_mem, _write_mem, check_mem, check_operands,
-                                chunk_times, elements, finish_chunk, mem_bytes, roles,
-                                room_for_trace, simd_variant)
+                                chunk_times, elements, finish_chunk, mark_unknown, mem_bytes,
+                                roles, room_for_trace, simd_variant)
 from emulator.core_fabric import need, queue_arrival, queue_consume, queue_read, send, send_fits
 from emulator.core_state import (
     CL_KIND, C_A, C_B, C_C, C_CLASS, C_SEM, C_SUB, D_ADDR, D_COLOR, D_COUNT, D_CSTRIDE, D_DTYPE,
-    D_KIND, D_LEN, D_STRIDE, MP_COLORS, MP_ISSUE, MP_PE_STRIDE, MP_QDEPTH, MP_TRACE_CAP, MP_UNDO,
-    NEED_SCRATCH, P_DONE, P_STATUS, P_WAIT, Q_QUEUED, S_BINARY, S_BINSCALAR, S_FILL, S_FMA, S_MMA,
+    D_KIND, D_LEN, D_STRIDE, MP_COLORS, MP_ISSUE, MP_PE_STRIDE, MP_QDEPTH, MP_TIMING, MP_TRACE_CAP,
+    MP_UNDO, NEED_SCRATCH, P_DONE, P_FTAINT, P_SRAM0, P_STATUS, P_WAIT, Q_QUEUED, S_BINARY, S_BINSCALAR, S_FILL, S_FMA, S_MMA,
     S_MV, S_MVA, S_RDOT, S_RMAX, S_RSUM, S_UNARY, T_START, X_GROW, X_OK, X_STOP)
 from emulator.core_undo import note_write, undo_fits
 from emulator.result import F_COUNT, F_MATRIX_FABRIC, F_NO_ROUTE, F_SHAPE, ST_RUN, ST_WAIT_RECV
@@ -39,6 +39,7 @@ def tensor_op(p, at, code, pe, freg, dsd, sram_f32, sram_u16, undo, undo_data, m
     sem, sub, cls = code[at, C_SEM], code[at, C_SUB], code[at, C_CLASS]
     a, b, c = code[at, C_A], code[at, C_B], code[at, C_C]
     pe_stride, colors = mp[MP_PE_STRIDE], mp[MP_COLORS]
+    base, timing = pe[p, P_SRAM0], mp[MP_TIMING] != 0
     dst, s0, s1 = roles(sem, a, b, c)
     done = pe[p, P_DONE]
     out_fab = dst >= 0 and dsd[p, dst, D_KIND] == DSD_FABOUT
@@ -79,7 +80,10 @@ def tensor_op(p, at, code, pe, freg, dsd, sram_f32, sram_u16, undo, undo_data, m
         return X_GROW, nwake
     if mp[MP_TRACE_CAP] and not room_for_trace(mp, trace, counters):
         return X_GROW, nwake
-    if dst >= 0 and not out_fab and k > 0 and mp[MP_UNDO]:
+    if dst >= 0 and not out_fab and k > 0 and timing:
+        lo, hi = mem_bytes(dsd, p, dst)
+        mark_unknown(pe, p, lo, hi)  # nothing is written; what would be is unknown
+    elif dst >= 0 and not out_fab and k > 0 and mp[MP_UNDO]:
         lo, hi = mem_bytes(dsd, p, dst)
         if not undo_fits(p, lo, hi, pe, undo, undo_data, counters):
             return X_GROW, nwake
@@ -98,15 +102,23 @@ def tensor_op(p, at, code, pe, freg, dsd, sram_f32, sram_u16, undo, undo_data, m
                              mp[MP_ISSUE])
 
     v0, v1, out = scratch[0], scratch[1], scratch[2]
-    if in0:
+    if timing:  # same times, no data: only the queues and (unknown) reductions change
+        if sem == S_RSUM or sem == S_RMAX or sem == S_RDOT:
+            freg[p, a] = np.float32(0)
+            pe[p, P_FTAINT] |= np.int64(1) << a
+    elif in0:
         queue_read(queue, dl, msg, payload, slot0, k, dsd[p, s0, D_DTYPE], v0)
     elif s0 >= 0:
-        _read_mem(dsd, p, s0, done, k, v0, sram_f32, sram_u16, pe_stride)
-    if in1:
+        _read_mem(dsd, p, s0, done, k, v0, sram_f32, sram_u16, base)
+    if timing:
+        pass
+    elif in1:
         queue_read(queue, dl, msg, payload, slot1, k, dsd[p, s1, D_DTYPE], v1)
     elif s1 >= 0:
-        _read_mem(dsd, p, s1, done, k, v1, sram_f32, sram_u16, pe_stride)
-    if sem == S_UNARY:
+        _read_mem(dsd, p, s1, done, k, v1, sram_f32, sram_u16, base)
+    if timing:
+        pass
+    elif sem == S_UNARY:
         ew.unary(sub, v0, out, k)
     elif sem == S_BINARY:
         ew.binary(sub, v0, v1, out, k)
@@ -116,7 +128,7 @@ def tensor_op(p, at, code, pe, freg, dsd, sram_f32, sram_u16, undo, undo_data, m
         out[:k] = freg[p, b]
     elif sem == S_FMA:
         cur = scratch[3]
-        _read_mem(dsd, p, dst, done, k, cur, sram_f32, sram_u16, pe_stride)
+        _read_mem(dsd, p, dst, done, k, cur, sram_f32, sram_u16, base)
         ew.fma_scalar(cur, v0, freg[p, c], out, k)
     elif sem == S_RSUM:
         freg[p, a] = reduce.rsum(v0, k, freg[p, a] if done else np.float32(0))
@@ -135,8 +147,8 @@ def tensor_op(p, at, code, pe, freg, dsd, sram_f32, sram_u16, undo, undo_data, m
             nwake = send(p, dsd[p, dst, D_COLOR], dsd[p, dst, D_DTYPE], out, k, start, end, pe,
                          mp, tree_of, tree, tree_tmp, queue, link, dl, msg, payload, counters,
                          wake, nwake)
-    elif dst >= 0:
-        _write_mem(dsd, p, dst, done, k, out, sram_f32, sram_u16, pe_stride)
+    elif dst >= 0 and not timing:
+        _write_mem(dsd, p, dst, done, k, out, sram_f32, sram_u16, base)
     finish_chunk(p, cls, k, n, start, end, pe, mp, trace, counters)
     return (X_OK if pe[p, P_STATUS] == ST_RUN else X_STOP), nwake
 
@@ -172,10 +184,18 @@ def matrix_op(p, at, code, pe, dsd, sram_f32, sram_u16, undo, undo_data, mp, cla
     width = classes[cls, simd_variant(classes[cls, CL_KIND], dsd[p, y, D_DTYPE],
                                       dsd[p, w, D_DTYPE], dsd[p, x, D_DTYPE], 3)]
     total = m_rows * n_cols
-    if total > scratch.shape[1] or k_cols > scratch.shape[1]:
+    timing = mp[MP_TIMING] != 0
+    if not timing and (total > scratch.shape[1] or k_cols > scratch.shape[1]):
         return need(counters, NEED_SCRATCH, max(total, k_cols))
     if mp[MP_TRACE_CAP] and not room_for_trace(mp, trace, counters):
         return X_GROW
+    if timing:  # the same cycles; y is unknown and nothing is computed
+        lo, hi = mem_bytes(dsd, p, y)
+        mark_unknown(pe, p, lo, hi)
+        start, end = chunk_times(p, m_rows * k_cols * n_cols, 0, width, False, -1, -1, pe,
+                                 mp[MP_ISSUE])
+        finish_chunk(p, cls, total, total, start, end, pe, mp, trace, counters)
+        return X_OK
     if total > 0 and mp[MP_UNDO]:
         lo, hi = mem_bytes(dsd, p, y)
         if not undo_fits(p, lo, hi, pe, undo, undo_data, counters):
@@ -184,20 +204,20 @@ def matrix_op(p, at, code, pe, dsd, sram_f32, sram_u16, undo, undo_data, mp, cla
     start, end = chunk_times(p, m_rows * k_cols * n_cols, 0, width, False, -1, -1, pe,
                              mp[MP_ISSUE])
     acc = scratch[2]
+    base = pe[p, P_SRAM0]
     if sem == S_MVA or sem == S_MMA:
-        _read_mem(dsd, p, y, 0, total, acc, sram_f32, sram_u16, pe_stride)
+        _read_mem(dsd, p, y, 0, total, acc, sram_f32, sram_u16, base)
     else:
         acc[:total] = 0
-    base = p * pe_stride
     if sem == S_MV or sem == S_MVA:
         xv = scratch[0]
-        _read_mem(dsd, p, x, 0, k_cols, xv, sram_f32, sram_u16, pe_stride)
+        _read_mem(dsd, p, x, 0, k_cols, xv, sram_f32, sram_u16, base)
         matrix.mv(sram_f32, sram_u16, base + dsd[p, w, D_ADDR], m_rows, k_cols,
                   dsd[p, w, D_CSTRIDE], dsd[p, w, D_DTYPE], xv, acc)
     else:
         matrix.mm(sram_f32, sram_u16, base + dsd[p, w, D_ADDR], m_rows, k_cols,
                   dsd[p, w, D_CSTRIDE], dsd[p, w, D_DTYPE], base + dsd[p, x, D_ADDR], n_cols,
                   dsd[p, x, D_CSTRIDE], dsd[p, x, D_DTYPE], acc)
-    _write_mem(dsd, p, y, 0, total, acc, sram_f32, sram_u16, pe_stride)
+    _write_mem(dsd, p, y, 0, total, acc, sram_f32, sram_u16, base)
     finish_chunk(p, cls, total, total, start, end, pe, mp, trace, counters)
     return X_OK

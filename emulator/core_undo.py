@@ -10,7 +10,7 @@ from numba import njit
 
 from emulator.core_fabric import need
 from emulator.core_state import (K_UNDO_N, K_UNDO_TOP, MP_PE_STRIDE, MP_UNDO, NEED_UNDO, P_HULL_HI,
-                                 P_HULL_LO, U_LEN, U_OFF, U_START)
+                                 P_HULL_LO, P_SRAM0, U_LEN, U_OFF, U_START)
 
 
 @njit(cache=True, inline="always")
@@ -48,7 +48,7 @@ def _log(a, b, sram_u16, undo, undo_data, counters):
 
 @njit(cache=True)
 def _widen_hull(p, lo, hi, pe, sram_u16, undo, undo_data, counters, pe_stride):
-    base = (p * pe_stride) // 2
+    base = pe[p, P_SRAM0] // 2  # pe_stride: kept for the callers' signature
     h_lo, h_hi = pe[p, P_HULL_LO], pe[p, P_HULL_HI]
     if h_lo == h_hi:  # empty
         h_lo = h_hi = lo

@@ -30,6 +30,7 @@ class GenerateResult:
     # "embed" | "layer i" | "head" -> cycles per token summed over the part's PEs: compute =
     # busy, fabric = waiting for wavelets, stall = blocked by backpressure
     per_layer: dict = field(default_factory=dict)
+    timing_only: bool = False  # no values computed: generated_ids is empty
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -39,7 +40,7 @@ class Generator:
     """Greedy decoding of a compiled decoder program on the emulator."""
 
     def __init__(self, program: Program, machine: Machine | str = "wse3",
-                 base_dir: str | None = None, engine: str = "core"):
+                 base_dir: str | None = None, engine: str = "core", timing_only: bool = False):
         self.machine = load_machine(machine) if isinstance(machine, str) else machine
         info = program.meta.get("compiler")
         outputs = {s.name for s in program.symbols if s.kind == "output"}
@@ -53,7 +54,8 @@ class Generator:
         self.program = program
         self.max_context = int(info["max_context"])
         self.layers = int(info["layers"])
-        self.loaded = load(program, self.machine, base_dir=base_dir)
+        self.timing_only = timing_only
+        self.loaded = load(program, self.machine, base_dir=base_dir, with_data=not timing_only)
         self._initial = self.loaded.sram.copy()  # weights, code, empty caches
         from emulator.api import engine_run
 
@@ -74,8 +76,9 @@ class Generator:
         self.loaded.sram[:] = self._initial
         self.n_past = 0
 
-    def step(self, token_id: int) -> np.ndarray:
-        """Append one token at the next position; its logits (vocab,) fp32."""
+    def step(self, token_id: int) -> np.ndarray | None:
+        """Append one token at the next position; its logits (vocab,) fp32 (None when
+        timing-only: the cycles are in last_result)."""
         if self.n_past >= self.max_context:
             raise LoadError(f"KV cache full: {self.n_past} positions cached, max_context "
                             f"{self.max_context} (compile with a larger --max-context)")
@@ -90,6 +93,8 @@ class Generator:
                             f"{result.outcome_name} at cycle {result.cycles}")
         self.last_result = result
         self.n_past += 1
+        if self.timing_only:
+            return None
         return read_output(self.loaded, "logits").reshape(-1)
 
     def prefill(self, ids) -> np.ndarray:
@@ -118,6 +123,10 @@ class Generator:
         for i in range(n):
             cycles.append(int(self.last_result.cycles))
             self._account(totals)
+            if self.timing_only:  # no values: every step is fed the prompt's last token
+                if i + 1 < n:
+                    self.step(ids[-1])
+                continue
             out.append(int(np.argmax(logits)))
             if i + 1 < n:
                 logits = self.step(out[-1])
@@ -126,7 +135,7 @@ class Generator:
                                            "stall": int(v[2] // n)}
                      for k, v in sorted(totals.items())}
         return GenerateResult(out, cycles, spt, 1.0 / spt, time.perf_counter() - t0,
-                              int(prefill_cycles), per_layer)
+                              int(prefill_cycles), per_layer, self.timing_only)
 
     def _layer_name(self, layer: int) -> str:
         if layer < 0:

@@ -62,6 +62,12 @@ class Loaded:
     tree_parent: np.ndarray  # int32: entry whose router this link leaves from, -1 = source router
     tree_dest: np.ndarray  # int32: PE index for a RAMP delivery, else -1
     base_dir: str | None  # folder external tensors are relative to
+    # SRAM row of every PE in sram_view() (-1: no SRAM). Functional: every PE, in order.
+    # Timing-only: only PEs whose region has scalar memory instructions (lw/sw/flw/fsw) keep
+    # their SRAM (host inputs such as token ids and positions drive their control flow);
+    # tensor ops, fabric transfers and DMA move no data, so no other PE needs any.
+    sram_row: np.ndarray = None
+    timing_only: bool = False
 
     @property
     def colors(self) -> int:
@@ -72,8 +78,9 @@ class Loaded:
         return self.grid_w * self.grid_h * N_PORTS
 
     def sram_view(self) -> np.ndarray:
-        """(n_pes, pe_stride) view of the SRAM."""
-        return self.sram.reshape(self.n_pes, self.pe_stride)
+        """(rows, pe_stride) view of the SRAM: PE p's is row sram_row[p] (row p when
+        functional)."""
+        return self.sram.reshape(-1, self.pe_stride)
 
     def pe_index(self, x: int, y: int) -> int:
         if 0 <= x < self.grid_w and 0 <= y < self.grid_h:
@@ -118,7 +125,13 @@ def load(program: Program, machine: Machine, base_dir: str | None = None,
 
     stride = max([program.region_sram_bytes(r) for r in program.regions] + [8])
     stride = (stride + 7) // 8 * 8
-    sram = np.zeros(n * stride if with_data else 8, dtype=np.uint8)
+    if with_data:
+        sram_row = np.arange(n, dtype=np.int64)
+    else:
+        scalar = np.array([_has_scalar_memory(f) for f in fields] + [False], dtype=bool)
+        keeps = scalar[pe_region]
+        sram_row = np.where(keeps, np.cumsum(keeps) - 1, -1).astype(np.int64)
+    sram = np.zeros(int(max(1, sram_row.max(initial=-1) + 1)) * stride, dtype=np.uint8)
 
     trees = _build_trees(program, m, box, pe_of_cell, pe_x, pe_y)
     loaded = Loaded(
@@ -128,10 +141,17 @@ def load(program: Program, machine: Machine, base_dir: str | None = None,
         code_b=cat["b"].astype(np.int32), code_c=cat["c"].astype(np.int32),
         code_imm=cat["imm"], code_il=cat["il"], code_ih=cat["ih"],
         ireg_init=ireg, pe_stride=stride, sram=sram, grid_w=box.w, grid_h=box.h,
-        pe_of_cell=pe_of_cell, base_dir=base_dir, **trees)
-    if with_data:
-        _init_data(loaded)
+        pe_of_cell=pe_of_cell, base_dir=base_dir, sram_row=sram_row,
+        timing_only=not with_data, **trees)
+    _init_data(loaded)
     return loaded
+
+
+_SCALAR_MEMORY = {BY_MNEMONIC[m].opcode for m in ("lw", "sw", "flw", "fsw")}
+
+
+def _has_scalar_memory(fields) -> bool:
+    return any(int(op) in _SCALAR_MEMORY for op in fields["op"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -304,23 +324,35 @@ def _tiles(t2: np.ndarray, tm: TileMap, ti, tj, what: str) -> np.ndarray:
 
 def _write_tiles(loaded: Loaded, tm: TileMap, values: np.ndarray, tag: str, what: str) -> None:
     pes, ti, tj = _tile_pes(loaded, tm)
+    rows = loaded.sram_row[pes]
+    keep = rows >= 0
+    if not keep.any():
+        return
+    if not keep.all():
+        ti, tj, rows = ti[keep], tj[keep], rows[keep]
     raw = _storage_bytes(_tiles(as_2d(values), tm, ti, tj, what), tag, tm.dtype)
     view = loaded.sram_view()
-    view[pes, tm.addr:tm.addr + raw.shape[1]] = raw
+    view[rows, tm.addr:tm.addr + raw.shape[1]] = raw
 
 
 def _init_data(loaded: Loaded) -> None:
     view = loaded.sram_view()
     for r, start in zip(loaded.program.regions, _region_starts(loaded)):
+        rows = loaded.sram_row[start:start + r.rect.size]
         code = np.asarray(r.code, dtype=np.uint64).view(np.uint8)
-        view[start:start + r.rect.size, :code.size] = code
+        view[rows[rows >= 0], :code.size] = code
     tensors = {t.name: t for t in loaded.program.tensors}
     for d in loaded.program.data:
         if d.tensor is None:
             pes, _, _ = _tile_pes(loaded, d.tilemap)
+            rows = loaded.sram_row[pes]
             raw = np.frombuffer(d.inline, dtype=np.uint8)
-            view[pes, d.tilemap.addr:d.tilemap.addr + raw.size] = raw
+            view[rows[rows >= 0], d.tilemap.addr:d.tilemap.addr + raw.size] = raw
             continue
+        if loaded.timing_only:
+            pes, _, _ = _tile_pes(loaded, d.tilemap)
+            if (loaded.sram_row[pes] < 0).all():
+                continue  # no PE that keeps SRAM needs this tensor: do not even read it
         try:
             values, tag = tensor_array(tensors[d.tensor], loaded.base_dir)
         except TensorError as e:
@@ -386,6 +418,9 @@ def read_output(loaded: Loaded, name: str) -> np.ndarray:
     from kernels.convert import bf16_to_f32_array
 
     s = symbol(loaded, name, "output")
+    if loaded.timing_only:
+        raise LoadError(f"output {name!r}: a timing-only run computes no values (run "
+                        f"functionally to read outputs)")
     shape2 = as_2d(np.zeros(s.shape, dtype=np.int8)).shape
     out = np.zeros(shape2, dtype=_HOST_DTYPES[s.dtype])
     view = loaded.sram_view()

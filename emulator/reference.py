@@ -108,6 +108,9 @@ class Fault(Exception):
 
 class Reference:
     def __init__(self, loaded: Loaded, max_cycles: int | None, trace: bool, trace_cap: int):
+        if loaded.timing_only:
+            raise ValueError("the reference interpreter runs functional programs only (it "
+                             "defines the numbers); timing-only mode is the core's")
         self.ld = loaded
         self.m = loaded.machine
         self.max_cycles = max_cycles

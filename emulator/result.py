@@ -36,9 +36,12 @@ FAULT_REASONS = (
     "the same color twice among fabric inputs",
     "matrix operand shapes do not match",
     "no route for this color here (its route at this PE does not accept RAMP)",
+    "timing-only: this reads a value computed from data (the program's control flow or "
+    "addresses depend on data); run it functionally",
 )
 (F_NONE, F_OOB, F_ALIGN, F_COUNT, F_MATRIX_FABRIC, F_DEST_NOT_MEM, F_FABIN_DEST, F_FABOUT_SRC,
- F_PC_END, F_TARGET, F_SCALAR_MEM, F_SAME_COLOR, F_SHAPE, F_NO_ROUTE) = range(len(FAULT_REASONS))
+ F_PC_END, F_TARGET, F_SCALAR_MEM, F_SAME_COLOR, F_SHAPE, F_NO_ROUTE,
+ F_TIMING_DATA) = range(len(FAULT_REASONS))
 
 
 @dataclass

@@ -176,10 +176,11 @@ def test_the_table_cache_lets_go_of_a_dropped_loaded():
     assert key not in _STATIC
 
 
-def test_a_loaded_without_sram_contents_is_refused_in_one_line():
+def test_the_reference_refuses_a_timing_only_loaded():
+    from emulator import reference
     ld = load(exchange(messages=1), load_machine("tiny"), with_data=False)
     with pytest.raises(ValueError, match="functional programs only"):
-        core.run(ld)
+        reference.run(ld)
 
 
 def test_class_table_holds_the_machine_widths():

@@ -1,0 +1,65 @@
+"""`wse-emu run|generate --timing-only` on a shape-only compile, as a user runs them."""
+
+import json
+
+import numpy as np
+import pytest
+
+GPT2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 64, "n_layer": 2,
+        "n_head": 4, "n_positions": 64, "vocab_size": 256, "activation_function": "gelu_new"}
+
+
+@pytest.fixture(scope="module")
+def shape_bin(tmp_path_factory):
+    root = tmp_path_factory.mktemp("timing")
+    (root / "m").mkdir()
+    (root / "m" / "config.json").write_text(json.dumps(GPT2))
+    np.save(root / "ids.npy", np.array([7], dtype=np.int32))
+    return root
+
+
+def test_run_and_generate_timing_only(wse, shape_bin):
+    out = wse("compile", "m", "--shape-only", "--max-context", "16", "--machine", "test64",
+              "-o", "m.bin", cwd=shape_bin)
+    assert out.code == 0, out.stderr
+    run = wse("run", "m.bin", "--machine", "test64", "--timing-only", "--json",
+              "--input", "input_ids=ids.npy", cwd=shape_bin)
+    assert run.code == 0, run.stderr
+    d = json.loads(run.stdout)
+    assert d["status"] == "halted" and d["mode"] == "timing-only" and d["cycles"] > 0
+    gen = wse("generate", "m.bin", "--machine", "test64", "--timing-only", "--prompt-ids", "1,2",
+              "--tokens", "3", "--json", cwd=shape_bin)
+    assert gen.code == 0, gen.stderr
+    g = json.loads(gen.stdout)
+    assert g["timing_only"] and g["generated_ids"] == [] and len(g["cycles_per_token"]) == 3
+    # decode cycles grow with the position (attention over more cached positions)
+    assert g["cycles_per_token"][0] <= g["cycles_per_token"][-1]
+    text = wse("generate", "m.bin", "--machine", "test64", "--timing-only", "--prompt-ids", "1",
+               "--tokens", "2", cwd=shape_bin)
+    assert text.code == 0 and "timing only" in text.stdout and "tokens/s" in text.stdout
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (("--dump-dir", "out"), "--dump-dir: a --timing-only run computes no output values"),
+    (("--reference",), "--reference runs functional programs only"),
+])
+def test_timing_only_refuses_what_it_cannot_do(wse, user_error, shape_bin, extra, fragment):
+    if not (shape_bin / "m.bin").exists():
+        wse("compile", "m", "--shape-only", "--max-context", "16", "--machine", "test64",
+            "-o", "m.bin", cwd=shape_bin)
+    out = wse("run", "m.bin", "--machine", "test64", "--timing-only", *extra,
+              "--input", "input_ids=ids.npy", cwd=shape_bin)
+    user_error(out, fragment)
+    assert not (shape_bin / "out").exists()
+
+
+def test_an_empty_input_file_is_one_clear_line(wse, shape_bin):
+    """np.load raises EOFError on an empty file: that is a user error too, not 'aborted'."""
+    if not (shape_bin / "m.bin").exists():
+        wse("compile", "m", "--shape-only", "--max-context", "16", "--machine", "test64",
+            "-o", "m.bin", cwd=shape_bin)
+    empty = shape_bin / "empty.npy"
+    empty.write_bytes(b"")
+    out = wse("run", "m.bin", "--machine", "test64", "--input", f"input_ids={empty}",
+              cwd=shape_bin)
+    assert out.code == 2 and "is not a .npy file" in out.stderr and "aborted" not in out.stderr
