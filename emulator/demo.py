@@ -91,8 +91,28 @@ def run_demo(machine_name: str = "wse3", tokens: int = 8) -> int:
     for part, cyc in res.per_layer.items():
         print(f"  {part:<10} {cyc['compute']:>12,} {cyc['fabric']:>12,} {cyc['stall']:>10,}")
     print(f"host      {res.host_seconds:.2f} s for {len(PROMPT)} prompt + {tokens} generated "
-          f"tokens; the HBM-streaming baseline (GPU presets) is not in this version yet")
+          f"tokens")
+    _hbm_bound(res, c, machine.name)
     return 0 if same else 1
+
+
+def _hbm_bound(res, c: dict, wafer: str) -> None:
+    """Beside the wafer: the best an HBM-streaming GPU could do at batch 1, since it reads every
+    weight from HBM for every token (weight bytes / peak bandwidth, a physical bound, not an
+    emulated run: the emulated HBM target is not in this version yet)."""
+    from emulator.machine import load_machine
+
+    weights = sum(int(np.prod(a.shape)) for a in _shapes(c)) * 4  # fp32, as compiled here
+    for name in ("h100", "h200"):
+        gpu = load_machine(name)
+        floor = weights / gpu.hbm_bandwidth
+        print(f"baseline  {name}: every token streams {weights / 1e6:.1f} MB of weights from "
+              f"HBM at {gpu.hbm_bandwidth / 1e12:g} TB/s: at least {floor * 1e6:.2f} us/token, "
+              f"at most {1 / floor:,.0f} tokens/s; {wafer} with resident weights: "
+              f"{res.tokens_per_second / (1 / floor):.1f}x that bound")
+    print("          (a bandwidth bound from the GPU presets, which flatters a GPU on a model "
+          "this small: its batch-1 decode is bound by per-kernel latency; the emulated "
+          "HBM-streaming program is not in this version yet)")
 
 
 def _graph(model: Path):

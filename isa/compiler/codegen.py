@@ -312,44 +312,75 @@ class Codegen(AttentionCodegen):
 
     def embedstage_position(self, rb, P, Q, R, tc, row0, index, table, acc, idx, off, north, east,
                        out_color) -> None:
-        """One position: add this PE's row (if it holds the token's) to the column's stream."""
-        mem(rb, "d1", acc, tc)
-        # the bottom row starts from zero, the others add to the stream from below
-        bottom, start = self.labels("bottom"), self.labels("started")
-        if P > 1:
-            rb.li("r1", P - 1)
-            rb.beq(PR, "r1", bottom)
-            parity(rb, self.labels, PR, lambda: recv(rb, "d1", north[1], tc),
-                    lambda: recv(rb, "d1", north[0], tc))
-            rb.jmp(start)
-        rb.label(bottom)
-        rb.vfill("d1", ZF)
-        rb.label(start)
-        skip = self.labels("miss")
+        """One position: the column's stream runs bottom-up through every row; the row holding
+        the token's entry adds it on the fly (a streaming vadd: fabric in + SRAM -> fabric out)
+        and the others forward it, so a column of P PEs costs about tc + P hops, not P * tc.
+        Row p sends on north[p % 2] and receives on north[(p + 1) % 2]. The bottom row starts
+        the stream (its entry, or zeros); the top row adds into acc, which embed_top joins
+        across the columns."""
+        located, join, end = self.labels("located"), self.labels("join"), self.labels("end")
+        # r2 = the token's row inside this PE's block; r12 = 1 if this PE holds it
         if index is None:
             rb.li("r2", 0)
         else:
             rb.lw("r2", off or ZR, idx)
         rb.addi("r3", PR, -row0)
         rb.muli("r3", "r3", R)
-        rb.sub("r2", "r2", "r3")  # index inside this PE's rows
-        rb.blt("r2", ZR, skip)
+        rb.sub("r2", "r2", "r3")
+        rb.li("r12", 0)
+        rb.blt("r2", ZR, located)
         rb.li("r3", R)
-        rb.bge("r2", "r3", skip)
+        rb.bge("r2", "r3", located)
+        rb.li("r12", 1)
         rb.muli("r2", "r2", tc * WEIGHT_BYTES[self.dtype])
         rb.dmem("d2", self.dtype, table, tc)
         rb.daddr("d2", "r2", table)
-        rb.vadd("d1", "d1", "d2")
-        rb.label(skip)
-        top, done = self.labels("top"), self.labels("sent")
-        rb.beq(PR, ZR, top)
+        rb.label(located)
+        mem(rb, "d1", acc, tc)
+
+        def add_or_pass(dst, after):
+            """dst = the stream from below (+ this PE's entry when it holds the token's)."""
+            add = self.labels("add")
+            rb.bne("r12", ZR, add)
+            rb.vmov(dst, "d15")
+            rb.jmp(after)
+            rb.label(add)
+            rb.vadd(dst, "d15", "d2")
+            rb.jmp(after)
+
         if P > 1:
-            parity(rb, self.labels, PR, lambda: send(rb, "d1", north[0], tc),
-                    lambda: send(rb, "d1", north[1], tc))
-        rb.jmp(done)
-        rb.label(top)
+            top, bottom = self.labels("top"), self.labels("bottom")
+            rb.li("r1", P - 1)
+            rb.beq(PR, "r1", bottom)
+            rb.beq(PR, ZR, top)
+
+            def middle(cin, cout):
+                def emit():
+                    rb.dfin("d15", "f32", cin, tc)
+                    rb.dfout("d14", "f32", cout, tc)
+                    add_or_pass("d14", end)
+                return emit
+            parity(rb, self.labels, PR, middle(north[1], north[0]), middle(north[0], north[1]))
+            rb.jmp(end)
+            rb.label(top)  # row 0: into acc
+            rb.dfin("d15", "f32", north[1], tc)
+            add_or_pass("d1", join)
+            rb.label(bottom)  # row P - 1 starts the stream
+            zeros = self.labels("zeros")
+            rb.beq("r12", ZR, zeros)
+            send(rb, "d2", north[(P - 1) % 2], tc)
+            rb.jmp(end)
+            rb.label(zeros)
+            rb.vfill("d1", ZF)
+            send(rb, "d1", north[(P - 1) % 2], tc)
+            rb.jmp(end)
+        else:  # one row: acc = its entry or zeros
+            rb.vfill("d1", ZF)
+            rb.beq("r12", ZR, join)
+            rb.vadd("d1", "d1", "d2")
+        rb.label(join)
         self.embed_top(rb, Q, tc, east, out_color)
-        rb.label(done)
+        rb.label(end)
 
     def embed_top(self, rb, Q, tc, east, out_color) -> None:
         """Top row: column blocks join east in order; the last column sends the vector."""
