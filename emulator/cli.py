@@ -288,8 +288,12 @@ def compile_cmd(model, output, machine_name, dtype, max_context, shape_only, dum
 @click.option("--reference", is_flag=True, help="use the pure-Python reference interpreter")
 @click.option("--timing-only", is_flag=True,
               help="no weights needed (--shape-only programs): decode-step timing, no token ids")
+@click.option("--decode-token", type=click.IntRange(min=0), metavar="ID",
+              help="with --timing-only: the token id every decode step is fed (no values, so "
+                   "nothing to sample) [default: the last prompt id]")
 @user_errors
-def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timing_only):
+def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timing_only,
+             decode_token):
     """Greedy generation with a compiled decoder, one emulated decode step per token."""
     from emulator.generate import Generator
     from emulator.load import base_dir_of
@@ -303,15 +307,19 @@ def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timin
         raise UserError("--prompt-ids needs at least one token id")
     if timing_only and reference:
         raise UserError("--reference runs functional programs only (drop --timing-only)")
+    if decode_token is not None and not timing_only:
+        raise UserError("--decode-token needs --timing-only (a functional run decodes its own "
+                        "greedy tokens)")
     gen = Generator(read_program(binary), machine_name, base_dir=base_dir_of(binary),
                     engine="reference" if reference else "core", timing_only=timing_only)
-    res = gen.generate(ids, tokens)
+    res = gen.generate(ids, tokens, decode_token=decode_token)
     if as_json:
         click.echo(json.dumps(res.to_json(), indent=1))
         return
     if timing_only:
         click.echo(f"timing only     {tokens} decode steps after {len(ids)} prompt positions "
-                   f"(token values are not computed; each step fed token {ids[-1]})")
+                   f"(no values are computed, so no token is sampled; each step fed token "
+                   f"{res.decode_token})")
     else:
         click.echo(f"generated ids   {','.join(map(str, res.generated_ids))}")
     click.echo(f"emulated        {res.seconds_per_token * 1e6:.2f} us/token = "

@@ -30,7 +30,7 @@ from emulator.core_state import (
     K_WAVELETS, L_WAVELETS, MP_PE_BITS, P_BPSTALL, P_BUSY, P_CLOCK, P_INSTR, P_PC, P_RSTALL,
     P_STATUS, P_WAIT, State, max_clock)
 from emulator.core_undo import restore_sram
-from emulator.load import Loaded
+from emulator.load import Loaded, PageSnapshot
 from emulator.result import RUN_FAULT, RUN_MAX_CYCLES, RunResult
 
 PROGRESS_SECONDS = 0.5
@@ -67,14 +67,19 @@ def run(loaded: Loaded, max_cycles: int | None = None, trace: bool = False,
         trace_cap: int = 1_000_000, progress=None) -> RunResult:
     """Run `loaded` to its end (mutates loaded.sram; read outputs with load.read_output)."""
     t = time.perf_counter()
-    if not loaded.timing_only and loaded.sram.size < loaded.n_pes * loaded.pe_stride:
+    has = loaded.sram_base >= 0
+    if (loaded.sram_base[has] + loaded.sram_len[has] > loaded.sram.size).any():
         raise ValueError("this Loaded's SRAM is smaller than its PEs need")
+    if not loaded.timing_only and not has.all():
+        raise ValueError("a functional run needs SRAM on every PE")
     if loaded.pe_stride >= 1 << 31:  # the core's address checks assume less (core_exec.FAR)
         raise ValueError(f"{loaded.pe_stride} bytes of SRAM per PE: the core supports < 2 GiB")
+    unknown = PageSnapshot(loaded.unknown)  # timing-only: put back with the SRAM for a replay
     state = State(loaded, max_cycles, trace, trace, trace_cap)
     _drive(state, progress)
     if int(state.counters[K_OUTCOME]) == RUN_FAULT and not trace:
         restore_sram(state.sram_u16, state.undo, state.undo_data, state.counters)
+        unknown.restore(loaded.unknown)
         state = State(loaded, max_cycles, True, trace, trace_cap)
         _drive(state, progress)
     result = _result(state, max_cycles)

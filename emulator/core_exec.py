@@ -16,9 +16,9 @@ from numba import njit
 from emulator.core_fabric import need
 from emulator.core_state import (
     CK_FMAC, CK_MOVE, CK_SPECIAL, D_ADDR, D_COLOR, D_COUNT, D_CSTRIDE, D_DTYPE, D_KIND, D_LEN,
-    D_STRIDE, FABOUT_BIT, K_CLASS0, K_INSTR_TOTAL, K_TRACE_N, MP_PE_STRIDE, MP_TIMING, MP_TRACE_CAP,
+    D_STRIDE, FABOUT_BIT, K_CLASS0, K_INSTR_TOTAL, K_TRACE_N, MP_TIMING, MP_TRACE_CAP,
     NEED_TRACE, P_BUSY, P_CLOCK, P_DONE, P_FABRIC, P_FAULT, P_FTAINT, P_INSTR, P_PC, P_RSTALL,
-    P_SRAM0, P_STATUS, P_THI, P_TLO,
+    P_SRAM0, P_SRAM_LEN, P_STATUS,
     S_ADD, S_ADDI, S_AND, S_ANDI, S_BEQ, S_BGE, S_BINARY, S_BLT, S_BNE, S_D2D, S_DADDR, S_DFIN,
     S_DFOUT, S_DIV, S_DLEN, S_DMEM, S_DSTRIDE, S_FADD, S_FDIV, S_FEXP, S_FILL, S_FLI, S_FLW, S_FMA,
     S_FMAX, S_FMIN, S_FMOV, S_FMUL, S_FRSQRT, S_FSQRT, S_FSUB, S_FSW, S_FTOI, S_HALT, S_ITOF, S_JMP,
@@ -58,31 +58,31 @@ def _target(t, code_len):
 
 
 @njit(cache=True, inline="always")
-def _word_index(base, addr, pe_stride):
-    """Index into the int32/fp32 view of SRAM of a byte address of the PE whose SRAM starts at
-    byte `base`, or -1 if not allowed."""
-    if addr < 0 or addr > pe_stride - 4 or addr & 3 != 0:
+def _word_index(pe, p, addr):
+    """Index into the int32/fp32 view of SRAM of PE p's byte address, or -1 if not allowed
+    (outside the footprint of its region, or misaligned)."""
+    if addr < 0 or addr > pe[p, P_SRAM_LEN] - 4 or addr & 3 != 0:
         return -1
-    return (base + addr) // 4
+    return (pe[p, P_SRAM0] + addr) // 4
 
 
 @njit(cache=True, inline="always")
-def unknown_word(pe, p, addr):
-    """Timing-only mode: does the word at addr hold a value computed from data?"""
-    return pe[p, P_TLO] < pe[p, P_THI] and addr + 4 > pe[p, P_TLO] and addr < pe[p, P_THI]
-
-
-@njit(cache=True, inline="always")
-def mark_unknown(pe, p, lo, hi):
-    """Timing-only mode: bytes [lo, hi) of PE p now hold values computed from data."""
-    if lo >= hi:
+def mark_unknown(unknown, pe, p, dsd, r, first, k):
+    """Timing-only mode: elements first .. first + k - 1 of PE p's SRAM descriptor r (checked)
+    now hold values computed from data: mark their words in the `unknown` map (Loaded.unknown;
+    only PEs that have SRAM keep one, the others have no scalar access that could look)."""
+    base = pe[p, P_SRAM0]
+    if base < 0 or k <= 0:
         return
-    if pe[p, P_TLO] == pe[p, P_THI]:
-        pe[p, P_TLO] = lo
-        pe[p, P_THI] = hi
-    else:
-        pe[p, P_TLO] = min(pe[p, P_TLO], lo)
-        pe[p, P_THI] = max(pe[p, P_THI], hi)
+    size = 4 if dsd[p, r, D_DTYPE] == DT_F32 else 2
+    addr = base + dsd[p, r, D_ADDR]
+    n, stride, cstride = dsd[p, r, D_LEN], dsd[p, r, D_STRIDE], dsd[p, r, D_CSTRIDE]
+    if stride == 1 and (dsd[p, r, D_COUNT] == 1 or cstride == n):  # contiguous
+        lo = addr + first * size
+        unknown[lo >> 2:((lo + k * size - 1) >> 2) + 1] = 1
+        return
+    for i in range(first, first + k):
+        unknown[(addr + ((i // n) * cstride + (i % n) * stride) * size) >> 2] = 1
 
 
 @njit(cache=True)
@@ -97,8 +97,8 @@ def _trunc_div(a, b):
 
 
 @njit(cache=True, inline="always")
-def exec_int(p, sem, a, b, c, imm, pc, code_len, pe, ireg, sram_i32, sram_u16, undo, undo_data,
-             counters, mp):
+def exec_int(p, sem, a, b, c, imm, pc, code_len, pe, ireg, sram_i32, sram_u16, unknown, undo,
+             undo_data, counters, mp):
     nxt = pc + 1
     if sem == S_HALT:
         pe[p, P_STATUS] = ST_HALT
@@ -152,22 +152,26 @@ def exec_int(p, sem, a, b, c, imm, pc, code_len, pe, ireg, sram_i32, sram_u16, u
         ireg[p, a] = ireg[p, b] >> (imm & 63)
     elif sem == S_LW or sem == S_SW:
         addr = ireg[p, b] + imm
-        w = _word_index(pe[p, P_SRAM0], addr, mp[MP_PE_STRIDE])
+        w = _word_index(pe, p, addr)
         if w < 0:
             return -F_SCALAR_MEM
         if sem == S_LW:
-            if mp[MP_TIMING] and unknown_word(pe, p, addr):
+            if mp[MP_TIMING] and unknown[w]:
                 return -F_TIMING_DATA
             ireg[p, a] = np.int64(sram_i32[w])
         else:
             note_write(p, addr, addr + 4, pe, sram_u16, undo, undo_data, counters, mp)
             sram_i32[w] = np.int32(ireg[p, a] & 0xFFFFFFFF)
+            if mp[MP_TIMING]:
+                unknown[w] = 0
     return nxt
 
 
 @njit(cache=True, inline="always")
-def exec_float(p, sem, a, b, c, imm, pc, pe, ireg, freg, sram_f32, sram_u16, undo, undo_data,
-               counters, mp):
+def exec_float(p, sem, a, b, c, imm, pc, pe, ireg, freg, sram_f32, sram_u16, unknown, undo,
+               undo_data, counters, mp):
+    if mp[MP_TIMING] and sem == S_FTOI and (pe[p, P_FTAINT] >> b) & 1:
+        return -F_TIMING_DATA  # an integer (a count, an address) from computed data
     if sem == S_FLI:
         freg[p, a] = f32_from_bits(imm)
     elif sem == S_FMOV:
@@ -197,25 +201,23 @@ def exec_float(p, sem, a, b, c, imm, pc, pe, ireg, freg, sram_f32, sram_u16, und
         ireg[p, a] = np.int64(v) if np.isfinite(v) and abs(v) < 9.223372036854775808e18 else 0
     elif sem == S_FLW or sem == S_FSW:
         addr = ireg[p, b] + imm
-        w = _word_index(pe[p, P_SRAM0], addr, mp[MP_PE_STRIDE])
+        w = _word_index(pe, p, addr)
         if w < 0:
             return -F_SCALAR_MEM
         if sem == S_FLW:
             freg[p, a] = sram_f32[w]
             if mp[MP_TIMING]:  # a float from computed data is only unknown, not yet a problem
                 bit = np.int64(1) << a
-                pe[p, P_FTAINT] = (pe[p, P_FTAINT] | bit) if unknown_word(pe, p, addr) else \
+                pe[p, P_FTAINT] = (pe[p, P_FTAINT] | bit) if unknown[w] else \
                     (pe[p, P_FTAINT] & ~bit)
                 return pc + 1
         else:
             note_write(p, addr, addr + 4, pe, sram_u16, undo, undo_data, counters, mp)
             sram_f32[w] = freg[p, a]
-            if mp[MP_TIMING] and (pe[p, P_FTAINT] >> a) & 1:
-                mark_unknown(pe, p, addr, addr + 4)
+            if mp[MP_TIMING]:
+                unknown[w] = (pe[p, P_FTAINT] >> a) & 1
     if mp[MP_TIMING]:
         _taint(p, sem, a, b, c, pe)
-        if sem == S_FTOI and (pe[p, P_FTAINT] >> b) & 1:
-            return -F_TIMING_DATA
     return pc + 1
 
 
@@ -302,8 +304,9 @@ def mem_bytes(dsd, p, r):
 
 
 @njit(cache=True, inline="always")
-def check_mem(dsd, p, r, pe_stride):
-    """0, or the fault of an SRAM descriptor that is misaligned or reaches outside the SRAM."""
+def check_mem(dsd, p, r, limit):
+    """0, or the fault of an SRAM descriptor that is misaligned or reaches outside the SRAM
+    (bytes 0 .. limit - 1: the footprint of the PE's region, pe[p, P_SRAM_LEN])."""
     size = 4 if dsd[p, r, D_DTYPE] == DT_F32 else 2
     addr = dsd[p, r, D_ADDR]
     if addr & (size - 1) != 0:  # == addr % size for a power of two, negative addr too
@@ -317,7 +320,7 @@ def check_mem(dsd, p, r, pe_stride):
             (n > SHORT and stride != 0 and np.float64(n - 1) * abs(stride) > FAR):
         return F_OOB
     lo, hi = mem_bytes(dsd, p, r)
-    if lo < 0 or hi > pe_stride:
+    if lo < 0 or hi > limit:
         return F_OOB
     return 0
 
@@ -378,7 +381,7 @@ def is_fabric(sem, a, b, c, fabric):
 
 
 @njit(cache=True, inline="always")
-def check_operands(sem, dst, s0, s1, dsd, p, pe_stride):
+def check_operands(sem, dst, s0, s1, dsd, p, limit):
     """0 or the fault of a tensor op's operands, in emulator/reference.py's order."""
     if dst >= 0:
         if dsd[p, dst, D_KIND] == DSD_FABIN:
@@ -397,7 +400,7 @@ def check_operands(sem, dst, s0, s1, dsd, p, pe_stride):
             n = e
     for r in (dst, s0, s1):
         if r >= 0 and dsd[p, r, D_KIND] == DSD_MEM:
-            f = check_mem(dsd, p, r, pe_stride)
+            f = check_mem(dsd, p, r, limit)
             if f:
                 return f
     if s0 >= 0 and s1 >= 0 and dsd[p, s0, D_KIND] == DSD_FABIN and \

@@ -16,9 +16,9 @@ from emulator.core_state import (
     DL_BP, DL_CONSUMED, DL_HEAD, DL_LEN, DL_MSG, DL_NEXT, DL_TAIL, E_DEST, E_LINK, E_PARENT,
     K_DL_HEAD, K_DL_NFREE, K_DL_USED, K_HOPS, K_MESSAGES, K_MSG_HEAD, K_MSG_NFREE, K_MSG_USED,
     K_NEED, K_NEED_AMOUNT, K_POOL_TOP, K_WAVELETS, L_FREE, L_WAVELETS, MP_COLORS, MP_HOP, MP_QDEPTH,
-    MP_RAMP, M_BP_PENDING, M_BP_RELEASE, M_LEN, M_NEXT, M_OFF, M_REFS, M_SENDER, NEED_POOL,
-    NEED_RECORDS, P_BPSTALL, P_CLOCK, P_STATUS, P_WAIT, Q_FIRST, Q_LAST, Q_QUEUED, T_COUNT, T_NDEST,
-    T_START, X_GROW)
+    MP_RAMP, MP_TIMING, M_BP_PENDING, M_BP_RELEASE, M_LEN, M_NEXT, M_OFF, M_REFS, M_SENDER,
+    NEED_POOL, NEED_RECORDS, P_BPSTALL, P_CLOCK, P_STATUS, P_WAIT, Q_FIRST, Q_LAST, Q_QUEUED,
+    T_COUNT, T_NDEST, T_START, X_GROW)
 from emulator.result import ST_RUN, ST_WAIT_BP, ST_WAIT_RECV
 from kernels.access import f32_to_wavelets, wavelets_to_f32
 
@@ -210,15 +210,17 @@ def send(p, color, dtype, vals, k, start, end, pe, mp, tree_of, tree, tree_tmp, 
          dl, msg, payload, counters, wake, nwake):
     """Send k wavelets from PE p on `color`, produced between cycles start and end: reserve
     every link of the route tree (one injection for a multicast), deliver to every RAMP leaf,
-    and block p on backpressure if a queue overflows. Returns the new number of PEs to wake."""
+    and block p on backpressure if a queue overflows. Returns the new number of PEs to wake.
+    Timing-only mode: the message has no payload (nothing reads one; the pool stays empty)."""
     colors = mp[MP_COLORS]
     ramp = mp[MP_RAMP]
     hop = mp[MP_HOP]
     qdepth = mp[MP_QDEPTH]
     m = _take(msg, M_NEXT, counters, K_MSG_HEAD, K_MSG_NFREE, K_MSG_USED)
     off = counters[K_POOL_TOP]
-    counters[K_POOL_TOP] += k
-    f32_to_wavelets(vals, k, dtype, payload, off)
+    if mp[MP_TIMING] == 0:
+        counters[K_POOL_TOP] += k
+        f32_to_wavelets(vals, k, dtype, payload, off)
     msg[m, M_OFF] = off
     msg[m, M_LEN] = k
     msg[m, M_SENDER] = p

@@ -31,8 +31,9 @@ from emulator.core_exec import exec_desc, exec_float, exec_int, is_fabric
 from emulator.core_fabric import heap_pop_top, heap_push, heap_replace_top, still_first
 from emulator.core_state import (
     C_A, C_B, C_C, C_CLASS, C_COST, C_IH, C_IL, C_IMM, C_SEM, K_CLASS0, K_FAULT_PE, K_FAULT_REASON,
-    K_HEAP_N, K_INSTR_TOTAL, K_OUTCOME, MAX_KEY_BITS, MP_MAX_CYCLES, MP_PE_BITS, MP_PE_STRIDE, MP_STRICT, MP_UNDO,
-    P_BUSY, P_CLOCK, P_CODE0, P_CODELEN, P_FABRIC, P_FAULT, P_INSTR, P_PC, P_STATUS, S_DESC,
+    K_HEAP_N, K_INSTR_TOTAL, K_OUTCOME, MAX_KEY_BITS, MP_MAX_CYCLES, MP_PE_BITS, MP_STRICT, MP_UNDO,
+    P_BUSY, P_CLOCK, P_CODE0, P_CODELEN, P_FABRIC, P_FAULT, P_INSTR, P_PC, P_SRAM_LEN, P_STATUS,
+    S_DESC,
     S_FLOAT, S_FSW, S_MATRIX, S_SW, S_TENSOR, X_FAULT, X_GROW, X_OK, X_STOP)
 from emulator.core_tensor import matrix_op, tensor_op
 from emulator.core_undo import undo_fits
@@ -55,8 +56,8 @@ def _borrowed(typingctx, arr):
 
 
 @njit(cache=True, inline="always")
-def step(p, code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, undo, undo_data, mp,
-         classes, tree_of, tree, tree_tmp, queue, link, dl, msg, payload, scratch, trace,
+def step(p, code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, unknown, undo, undo_data,
+         mp, classes, tree_of, tree, tree_tmp, queue, link, dl, msg, payload, scratch, trace,
          counters, wake, nwake):
     """Execute PE p's next instruction (or chunk); returns (X_* code, PEs to wake)."""
     pc = pe[p, P_PC]
@@ -67,24 +68,24 @@ def step(p, code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, undo, undo_
     sem = code[at, C_SEM]
     if sem >= S_TENSOR:
         if sem >= S_MATRIX:
-            return matrix_op(p, at, code, pe, dsd, sram_f32, sram_u16, undo, undo_data, mp,
-                             classes, scratch, trace, counters), nwake
-        return tensor_op(p, at, code, pe, freg, dsd, sram_f32, sram_u16, undo, undo_data, mp,
-                         classes, tree_of, tree, tree_tmp, queue, link, dl, msg, payload, scratch,
-                         trace, counters, wake, nwake)
+            return matrix_op(p, at, code, pe, dsd, sram_f32, sram_u16, unknown, undo, undo_data,
+                             mp, classes, scratch, trace, counters), nwake
+        return tensor_op(p, at, code, pe, freg, dsd, sram_f32, sram_u16, unknown, undo, undo_data,
+                         mp, classes, tree_of, tree, tree_tmp, queue, link, dl, msg, payload,
+                         scratch, trace, counters, wake, nwake)
     a, b, c, imm = code[at, C_A], code[at, C_B], code[at, C_C], code[at, C_IMM]
     if (sem == S_SW or sem == S_FSW) and mp[MP_UNDO] and \
-            not undo_fits(p, 0, mp[MP_PE_STRIDE], pe, undo, undo_data, counters):
+            not undo_fits(p, 0, pe[p, P_SRAM_LEN], pe, undo, undo_data, counters):
         return X_GROW, nwake
     nxt = pc + 1
     if sem >= S_DESC:
         exec_desc(p, sem, a, b, c, imm, code[at, C_IL], code[at, C_IH], pe, ireg, dsd)
     elif sem >= S_FLOAT:
-        nxt = exec_float(p, sem, a, b, c, imm, pc, pe, ireg, freg, sram_f32, sram_u16, undo,
-                         undo_data, counters, mp)
+        nxt = exec_float(p, sem, a, b, c, imm, pc, pe, ireg, freg, sram_f32, sram_u16, unknown,
+                         undo, undo_data, counters, mp)
     else:
         nxt = exec_int(p, sem, a, b, c, imm, pc, pe[p, P_CODELEN], pe, ireg, sram_i32, sram_u16,
-                       undo, undo_data, counters, mp)
+                       unknown, undo, undo_data, counters, mp)
     if nxt < 0:
         pe[p, P_FAULT] = -nxt
         return X_FAULT, nwake
@@ -120,8 +121,8 @@ def _finish(pe, counters):
 
 
 @njit(cache=True)
-def run_slice(code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, undo, undo_data, mp,
-              classes, tree_of, tree, tree_tmp, queue, link, dl, msg, payload, heap, wake,
+def run_slice(code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, unknown, undo, undo_data,
+              mp, classes, tree_of, tree, tree_tmp, queue, link, dl, msg, payload, heap, wake,
               scratch, trace, counters, budget):
     """Run until the end (R_DONE, outcome in counters), `budget` steps (R_CONTINUE) or a
     request to grow (R_GROW)."""
@@ -129,6 +130,7 @@ def run_slice(code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, undo, und
     code, pe, ireg, freg, dsd = (_borrowed(code), _borrowed(pe), _borrowed(ireg),
                                  _borrowed(freg), _borrowed(dsd))
     sram_f32, sram_u16, sram_i32 = _borrowed(sram_f32), _borrowed(sram_u16), _borrowed(sram_i32)
+    unknown = _borrowed(unknown)
     undo, undo_data = _borrowed(undo), _borrowed(undo_data)
     mp, classes, tree_of, tree, tree_tmp = (_borrowed(mp), _borrowed(classes), _borrowed(tree_of),
                                             _borrowed(tree), _borrowed(tree_tmp))
@@ -172,9 +174,9 @@ def run_slice(code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, undo, und
                         break
                 elif _next_is_fabric(p, code, pe):
                     break
-            x, nwake = step(p, code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, undo,
-                            undo_data, mp, classes, tree_of, tree, tree_tmp, queue, link, dl,
-                            msg, payload, scratch, trace, counters, wake, nwake)
+            x, nwake = step(p, code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, unknown,
+                            undo, undo_data, mp, classes, tree_of, tree, tree_tmp, queue, link,
+                            dl, msg, payload, scratch, trace, counters, wake, nwake)
             first = False
             if x == X_OK or x == X_STOP:
                 budget -= 1

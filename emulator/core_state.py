@@ -75,14 +75,15 @@ N_CODE_COLS = 10
 # original contents are in the undo log, for an exact replay (core.py).
 # P_FABRIC: bit r set when descriptor r is a fabric input, bit FABOUT_BIT + r when a fabric
 # output, so that finding a PE's next fabric operation needs no descriptor loads.
-# P_SRAM0: byte offset of the PE's SRAM in the flat SRAM arrays (Loaded.sram_row * stride;
-# negative for a PE without SRAM in timing-only mode, which then has no scalar memory access).
-# Timing-only mode: P_TLO/P_THI span the bytes a tensor op, a receive or a DMA "wrote" (their
-# values are unknown), P_FTAINT has bit r set while f register r holds an unknown value.
+# P_SRAM0: byte offset of the PE's SRAM in the flat SRAM arrays (Loaded.sram_base; negative
+# for a PE without SRAM in timing-only mode, which then has no scalar memory access).
+# P_SRAM_LEN: its size, the footprint of its region: every address check's limit.
+# Timing-only mode: P_FTAINT has bit r set while f register r holds an unknown value (one
+# computed from data); unknown SRAM words are marked in State.unknown (Loaded.unknown).
 (P_PC, P_CLOCK, P_STATUS, P_WAIT, P_DONE, P_INSTR, P_BUSY, P_RSTALL, P_BPSTALL, P_FAULT,
- P_CODE0, P_CODELEN, P_HULL_LO, P_HULL_HI, P_FABRIC, P_SRAM0, P_TLO, P_THI,
- P_FTAINT) = range(19)
-N_PE_COLS = 19
+ P_CODE0, P_CODELEN, P_HULL_LO, P_HULL_HI, P_FABRIC, P_SRAM0, P_SRAM_LEN,
+ P_FTAINT) = range(18)
+N_PE_COLS = 18
 FABOUT_BIT = N_DREGS
 
 # Descriptor fields (dsd[pe, reg, field]), as in emulator/reference.py.
@@ -121,9 +122,9 @@ MAX_KEY_BITS = 62
 # Run parameters (int64 vector).
 # MP_UNDO: log the original contents of written SRAM (for a replay in strict order).
 # MP_TIMING: timing-only mode (no data moves or is computed; cycles as in functional mode).
-(MP_ISSUE, MP_HOP, MP_RAMP, MP_QDEPTH, MP_COLORS, MP_PE_STRIDE, MP_MAX_CYCLES, MP_STRICT,
- MP_TRACE_CAP, MP_UNDO, MP_PE_BITS, MP_TIMING) = range(12)
-N_MP = 12
+(MP_ISSUE, MP_HOP, MP_RAMP, MP_QDEPTH, MP_COLORS, MP_MAX_CYCLES, MP_STRICT, MP_TRACE_CAP,
+ MP_UNDO, MP_PE_BITS, MP_TIMING) = range(11)
+N_MP = 11
 
 # Counters and requests between the jitted loop and the driver (int64 vector).
 # The instruction count of cost class i is counters[K_CLASS0 + i].
@@ -217,20 +218,20 @@ class Static:
     def __init__(self, loaded: Loaded):
         self.code = decode_table(loaded)
         self.classes = class_table(loaded)
-        self.tree_of = np.zeros((loaded.n_pes * loaded.colors, 3), dtype=np.int64)
+        # int32: a (PE, color) row per slot, 12 bytes a slot (290 B a PE at 24 colors)
+        self.tree_of = np.zeros((loaded.n_pes * loaded.colors, 3), dtype=np.int32)
         self.tree_of[:, T_START] = loaded.tree_start
         self.tree_of[:, T_COUNT] = loaded.tree_count
         dest = np.asarray(loaded.tree_dest, dtype=np.int64)
         is_dest = np.concatenate([[0], np.cumsum(dest >= 0)])
-        starts = np.maximum(self.tree_of[:, T_START], 0)
-        self.tree_of[:, T_NDEST] = np.where(
-            self.tree_of[:, T_START] >= 0,
-            is_dest[starts + self.tree_of[:, T_COUNT]] - is_dest[starts], 0)
+        slots = np.flatnonzero(loaded.tree_start >= 0)  # the senders' slots only
+        first = loaded.tree_start[slots].astype(np.int64)
+        self.tree_of[slots, T_NDEST] = is_dest[first + loaded.tree_count[slots]] - is_dest[first]
         self.tree = np.zeros((len(dest), 3), dtype=np.int64)
         self.tree[:, E_LINK] = loaded.tree_link
         self.tree[:, E_PARENT] = loaded.tree_parent
         self.tree[:, E_DEST] = dest
-        self.tree_width = max(1, int(self.tree_of[:, T_COUNT].max(initial=0)))
+        self.tree_width = max(1, int(loaded.tree_count.max(initial=0)))
         self.buffers: dict[str, np.ndarray] = {}
 
     def buffer(self, name: str, shape: tuple, dtype) -> np.ndarray:
@@ -239,6 +240,15 @@ class Static:
         if name not in self.buffers:
             self.buffers[name] = np.zeros(shape, dtype=dtype)
         return self.buffers[name]
+
+    def zeroed(self, name: str, shape: tuple, dtype) -> np.ndarray:
+        """The run buffer `name`, all zeros. A new one is zero already and left alone: its
+        pages are mapped only when the run touches them, and most of a full-size program's
+        input queues and links never are (host time and memory)."""
+        if name in self.buffers:
+            self.buffers[name][:] = 0
+            return self.buffers[name]
+        return self.buffer(name, shape, dtype)
 
 
 _STATIC: dict[int, tuple] = {}
@@ -273,16 +283,18 @@ class State:
         self.pe[:, P_WAIT] = -1
         self.pe[:, P_CODE0] = loaded.pe_code_start
         self.pe[:, P_CODELEN] = loaded.pe_code_len
-        self.pe[:, P_SRAM0] = loaded.sram_row.astype(np.int64) * loaded.pe_stride
+        self.pe[:, P_SRAM0] = loaded.sram_base
+        self.pe[:, P_SRAM_LEN] = loaded.sram_len
         self.ireg = fixed.buffer("ireg", loaded.ireg_init.shape, np.int64)
         self.ireg[:] = loaded.ireg_init
-        self.freg = fixed.buffer("freg", (n, N_FREGS), np.float32)
-        self.freg[:] = 0
+        self.freg = fixed.zeroed("freg", (n, N_FREGS), np.float32)
         self.dsd = fixed.buffer("dsd", (n, N_DREGS, 8), np.int64)
         self.dsd[:] = _EMPTY_DSD
         self.sram_f32 = loaded.sram.view(np.float32)
         self.sram_u16 = loaded.sram.view(np.uint16)
         self.sram_i32 = loaded.sram.view(np.int32)
+        # timing-only: the unknown-word map, kept with the SRAM (a stand-in when functional)
+        self.unknown = loaded.unknown if loaded.unknown.size else np.zeros(1, dtype=np.uint8)
         # the undo log: a run reads back only what it logged itself
         self.undo = fixed.buffer("undo", (2 * n + 64, 3), np.int64)
         self.undo_data = fixed.buffer("undo_data", (max(1 << 12, 64 * n),), np.uint16)
@@ -292,22 +304,21 @@ class State:
         self.mp[MP_RAMP] = m.ramp_latency
         self.mp[MP_QDEPTH] = m.queue_depth
         self.mp[MP_COLORS] = m.colors
-        self.mp[MP_PE_STRIDE] = loaded.pe_stride
         self.mp[MP_MAX_CYCLES] = np.iinfo(np.int64).max if max_cycles is None else max_cycles
         self.mp[MP_STRICT] = int(strict)
         self.mp[MP_TRACE_CAP] = trace_cap if trace else 0
         self.mp[MP_UNDO] = int(not strict)
         self.mp[MP_PE_BITS] = pe_bits(n)
         self.mp[MP_TIMING] = int(loaded.timing_only)
-        self.queue = fixed.buffer("queue", (n * m.colors, 3), np.int64)
-        self.queue[:] = 0
-        self.link = fixed.buffer("link", (loaded.n_links, 2), np.int64)
-        self.link[:] = 0
+        self.queue = fixed.zeroed("queue", (n * m.colors, 3), np.int64)
+        self.link = fixed.zeroed("link", (loaded.n_links, 2), np.int64)
         # records and payloads are initialised when taken: no reset
         records = max(256, 2 * n)
         self.dl = fixed.buffer("dl", (records, N_DL_COLS), np.int64)
         self.msg = fixed.buffer("msg", (records, N_MSG_COLS), np.int64)
-        self.payload = fixed.buffer("payload", (max(1 << 16, 16 * n),), np.uint32)
+        # timing-only messages have no payload
+        pool = 16 if loaded.timing_only else max(1 << 16, 16 * n)
+        self.payload = fixed.buffer("payload", (pool,), np.uint32)
         self.heap = fixed.buffer("heap", (n,), np.int64)
         self.heap[:] = np.arange(n)  # all clocks 0: index order is a heap
         self.wake = fixed.buffer("wake", (n,), np.int64)
@@ -356,9 +367,9 @@ class State:
     def args(self) -> tuple:
         """The arrays the jitted loop takes, in its parameter order (core_sched.run_slice)."""
         return (self.code, self.pe, self.ireg, self.freg, self.dsd, self.sram_f32, self.sram_u16,
-                self.sram_i32, self.undo, self.undo_data, self.mp, self.classes, self.tree_of,
-                self.tree, self.tree_tmp, self.queue, self.link, self.dl, self.msg, self.payload,
-                self.heap, self.wake, self.scratch, self.trace, self.counters)
+                self.sram_i32, self.unknown, self.undo, self.undo_data, self.mp, self.classes,
+                self.tree_of, self.tree, self.tree_tmp, self.queue, self.link, self.dl, self.msg,
+                self.payload, self.heap, self.wake, self.scratch, self.trace, self.counters)
 
 
 def pe_bits(n_pes: int) -> int:

@@ -14,9 +14,10 @@ from emulator.core_exec import (_fault, _read_mem, _write_mem, check_mem, check_
 from emulator.core_fabric import need, queue_arrival, queue_consume, queue_read, send, send_fits
 from emulator.core_state import (
     CL_KIND, C_A, C_B, C_C, C_CLASS, C_SEM, C_SUB, D_ADDR, D_COLOR, D_COUNT, D_CSTRIDE, D_DTYPE,
-    D_KIND, D_LEN, D_STRIDE, MP_COLORS, MP_ISSUE, MP_PE_STRIDE, MP_QDEPTH, MP_TIMING, MP_TRACE_CAP,
-    MP_UNDO, NEED_SCRATCH, P_DONE, P_FTAINT, P_SRAM0, P_STATUS, P_WAIT, Q_QUEUED, S_BINARY, S_BINSCALAR, S_FILL, S_FMA, S_MMA,
-    S_MV, S_MVA, S_RDOT, S_RMAX, S_RSUM, S_UNARY, T_START, X_GROW, X_OK, X_STOP)
+    D_KIND, D_LEN, D_STRIDE, MP_COLORS, MP_ISSUE, MP_QDEPTH, MP_TIMING, MP_TRACE_CAP, MP_UNDO,
+    NEED_SCRATCH, P_DONE, P_FTAINT, P_SRAM0, P_SRAM_LEN, P_STATUS, P_WAIT, Q_QUEUED, S_BINARY,
+    S_BINSCALAR, S_FILL, S_FMA, S_MMA, S_MV, S_MVA, S_RDOT, S_RMAX, S_RSUM, S_UNARY, T_START,
+    X_GROW, X_OK, X_STOP)
 from emulator.core_undo import note_write, undo_fits
 from emulator.result import F_COUNT, F_MATRIX_FABRIC, F_NO_ROUTE, F_SHAPE, ST_RUN, ST_WAIT_RECV
 from isa.spec import DSD_FABIN, DSD_FABOUT, DSD_MEM
@@ -32,19 +33,23 @@ def _block(pe, p, color):
 
 
 @njit(cache=True, inline="always")
-def tensor_op(p, at, code, pe, freg, dsd, sram_f32, sram_u16, undo, undo_data, mp, classes,
-              tree_of, tree, tree_tmp, queue, link, dl, msg, payload, scratch, trace, counters,
-              wake, nwake):
-    """One chunk of an elementwise op or reduction; returns (X_* code, PEs to wake)."""
+def tensor_op(p, at, code, pe, freg, dsd, sram_f32, sram_u16, unknown, undo, undo_data, mp,
+              classes, tree_of, tree, tree_tmp, queue, link, dl, msg, payload, scratch, trace,
+              counters, wake, nwake):
+    """One chunk of an elementwise op or reduction; returns (X_* code, PEs to wake).
+
+    Timing-only mode (MP_TIMING): the same checks, queues and times, but no operand is read,
+    nothing computed or written and no payload sent; what the destination would hold is marked
+    unknown, and so is a reduction's f register."""
     sem, sub, cls = code[at, C_SEM], code[at, C_SUB], code[at, C_CLASS]
     a, b, c = code[at, C_A], code[at, C_B], code[at, C_C]
-    pe_stride, colors = mp[MP_PE_STRIDE], mp[MP_COLORS]
+    colors = mp[MP_COLORS]
     base, timing = pe[p, P_SRAM0], mp[MP_TIMING] != 0
     dst, s0, s1 = roles(sem, a, b, c)
     done = pe[p, P_DONE]
     out_fab = dst >= 0 and dsd[p, dst, D_KIND] == DSD_FABOUT
     if done == 0:
-        f = check_operands(sem, dst, s0, s1, dsd, p, pe_stride)
+        f = check_operands(sem, dst, s0, s1, dsd, p, pe[p, P_SRAM_LEN])
         if f:
             return _fault(pe, p, f), nwake
         if out_fab and tree_of[p * colors + dsd[p, dst, D_COLOR], T_START] < 0:
@@ -73,16 +78,16 @@ def tensor_op(p, at, code, pe, freg, dsd, sram_f32, sram_u16, undo, undo_data, m
                                       dsd[p, max(third, 0), D_DTYPE], nd)]
 
     # room for this chunk, before anything changes
-    if k > scratch.shape[1]:
+    if k > scratch.shape[1] and not timing:
         return need(counters, NEED_SCRATCH, k), nwake
-    if out_fab and k > 0 and not send_fits(p * colors + dsd[p, dst, D_COLOR], k, tree_of, dl,
-                                           msg, payload, counters):
+    if out_fab and k > 0 and not send_fits(p * colors + dsd[p, dst, D_COLOR],
+                                           0 if timing else k, tree_of, dl, msg, payload,
+                                           counters):
         return X_GROW, nwake
     if mp[MP_TRACE_CAP] and not room_for_trace(mp, trace, counters):
         return X_GROW, nwake
     if dst >= 0 and not out_fab and k > 0 and timing:
-        lo, hi = mem_bytes(dsd, p, dst)
-        mark_unknown(pe, p, lo, hi)  # nothing is written; what would be is unknown
+        mark_unknown(unknown, pe, p, dsd, dst, done, k)  # nothing is written: it is unknown
     elif dst >= 0 and not out_fab and k > 0 and mp[MP_UNDO]:
         lo, hi = mem_bytes(dsd, p, dst)
         if not undo_fits(p, lo, hi, pe, undo, undo_data, counters):
@@ -154,12 +159,11 @@ def tensor_op(p, at, code, pe, freg, dsd, sram_f32, sram_u16, undo, undo_data, m
 
 
 @njit(cache=True)
-def matrix_op(p, at, code, pe, dsd, sram_f32, sram_u16, undo, undo_data, mp, classes, scratch,
-              trace, counters):
+def matrix_op(p, at, code, pe, dsd, sram_f32, sram_u16, unknown, undo, undo_data, mp, classes,
+              scratch, trace, counters):
     """mv / mva / mm / mma: one chunk over SRAM tiles, fp32 accumulation; returns an X_* code."""
     sem, cls = code[at, C_SEM], code[at, C_CLASS]
     y, w, x = code[at, C_A], code[at, C_B], code[at, C_C]
-    pe_stride = mp[MP_PE_STRIDE]
     for r in (y, w, x):
         if dsd[p, r, D_KIND] != DSD_MEM:
             return _fault(pe, p, F_MATRIX_FABRIC)
@@ -178,7 +182,7 @@ def matrix_op(p, at, code, pe, dsd, sram_f32, sram_u16, undo, undo_data, mp, cla
                 or dsd[p, y, D_LEN] != m_rows or dsd[p, y, D_COUNT] != n_cols:
             return _fault(pe, p, F_SHAPE)
     for r in (y, w, x):
-        f = check_mem(dsd, p, r, pe_stride)
+        f = check_mem(dsd, p, r, pe[p, P_SRAM_LEN])
         if f:
             return _fault(pe, p, f)
     width = classes[cls, simd_variant(classes[cls, CL_KIND], dsd[p, y, D_DTYPE],
@@ -190,8 +194,7 @@ def matrix_op(p, at, code, pe, dsd, sram_f32, sram_u16, undo, undo_data, mp, cla
     if mp[MP_TRACE_CAP] and not room_for_trace(mp, trace, counters):
         return X_GROW
     if timing:  # the same cycles; y is unknown and nothing is computed
-        lo, hi = mem_bytes(dsd, p, y)
-        mark_unknown(pe, p, lo, hi)
+        mark_unknown(unknown, pe, p, dsd, y, 0, total)
         start, end = chunk_times(p, m_rows * k_cols * n_cols, 0, width, False, -1, -1, pe,
                                  mp[MP_ISSUE])
         finish_chunk(p, cls, total, total, start, end, pe, mp, trace, counters)

@@ -9,8 +9,8 @@ mirror of the whole SRAM (whose scattered lines miss the cache on every first wr
 from numba import njit
 
 from emulator.core_fabric import need
-from emulator.core_state import (K_UNDO_N, K_UNDO_TOP, MP_PE_STRIDE, MP_UNDO, NEED_UNDO, P_HULL_HI,
-                                 P_HULL_LO, P_SRAM0, U_LEN, U_OFF, U_START)
+from emulator.core_state import (K_UNDO_N, K_UNDO_TOP, MP_UNDO, NEED_UNDO, P_HULL_HI, P_HULL_LO,
+                                 P_SRAM0, U_LEN, U_OFF, U_START)
 
 
 @njit(cache=True, inline="always")
@@ -47,8 +47,8 @@ def _log(a, b, sram_u16, undo, undo_data, counters):
 
 
 @njit(cache=True)
-def _widen_hull(p, lo, hi, pe, sram_u16, undo, undo_data, counters, pe_stride):
-    base = pe[p, P_SRAM0] // 2  # pe_stride: kept for the callers' signature
+def _widen_hull(p, lo, hi, pe, sram_u16, undo, undo_data, counters):
+    base = pe[p, P_SRAM0] // 2
     h_lo, h_hi = pe[p, P_HULL_LO], pe[p, P_HULL_HI]
     if h_lo == h_hi:  # empty
         h_lo = h_hi = lo
@@ -66,7 +66,7 @@ def note_write(p, lo, hi, pe, sram_u16, undo, undo_data, counters, mp):
         return
     if pe[p, P_HULL_LO] < pe[p, P_HULL_HI] and pe[p, P_HULL_LO] <= lo and hi <= pe[p, P_HULL_HI]:
         return
-    _widen_hull(p, lo, hi, pe, sram_u16, undo, undo_data, counters, mp[MP_PE_STRIDE])
+    _widen_hull(p, lo, hi, pe, sram_u16, undo, undo_data, counters)
 
 
 @njit(cache=True)

@@ -4,6 +4,10 @@ A compiled decoder (isa.compiler) processes one position per run: the host write
 into `input_ids` and its position into `position_ids`, runs every PE from pc 0, and reads
 `logits`. The runners leave SRAM as the program left it, so the K and V caches the attention
 PEs appended to are there for the next run. Prefill feeds the prompt token by token.
+
+Timing-only (`timing_only=True`, e.g. a `--shape-only` compile at full size): the same runs
+without SRAM contents, so there are no logits to sample from: every decode step is fed a given
+token id (`decode_token`, default the prompt's last) and the result reports cycles only.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from emulator.load import LoadError, load, read_output, write_input
+from emulator.load import LoadError, PageSnapshot, load, read_output, write_input
 from emulator.machine import Machine, load_machine
 from emulator.result import RUN_HALTED
 from isa.program import Program
@@ -31,6 +35,9 @@ class GenerateResult:
     # busy, fabric = waiting for wavelets, stall = blocked by backpressure
     per_layer: dict = field(default_factory=dict)
     timing_only: bool = False  # no values computed: generated_ids is empty
+    mode: str = "functional"  # "functional" | "timing-only"
+    decode_token: int | None = None  # timing-only: the token id every decode step was fed
+    note: str = ""  # what a timing-only result does not contain, in words
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -56,7 +63,8 @@ class Generator:
         self.layers = int(info["layers"])
         self.timing_only = timing_only
         self.loaded = load(program, self.machine, base_dir=base_dir, with_data=not timing_only)
-        self._initial = self.loaded.sram.copy()  # weights, code, empty caches
+        self._initial = PageSnapshot(self.loaded.sram)  # weights, code, empty caches
+        self._known = PageSnapshot(self.loaded.unknown)  # timing-only: nothing unknown yet
         from emulator.api import engine_run
 
         self._run = engine_run(engine)
@@ -72,8 +80,10 @@ class Generator:
         return region_layer[self.loaded.pe_region]
 
     def reset(self) -> None:
-        """Forget the sequence: SRAM back to its loaded state (empty KV caches)."""
-        self.loaded.sram[:] = self._initial
+        """Forget the sequence: SRAM back to its loaded state (empty KV caches; timing-only:
+        nothing computed yet, so no word is unknown)."""
+        self._initial.restore(self.loaded.sram)
+        self._known.restore(self.loaded.unknown)
         self.n_past = 0
 
     def step(self, token_id: int) -> np.ndarray | None:
@@ -107,12 +117,22 @@ class Generator:
             logits = self.step(tok)
         return logits
 
-    def generate(self, prompt_ids, n: int) -> GenerateResult:
-        """The n next tokens by argmax after the prompt (the prompt not included)."""
+    def generate(self, prompt_ids, n: int, decode_token: int | None = None) -> GenerateResult:
+        """The n next tokens by argmax after the prompt (the prompt not included).
+
+        Timing-only: no logits, so no argmax: the n decode steps are each fed `decode_token`
+        (default: the prompt's last token) and the result has cycles but no generated ids."""
         t0 = time.perf_counter()
         ids = [int(i) for i in prompt_ids]
         if n < 1:
             raise LoadError("generate needs n >= 1 tokens")
+        if not ids:
+            raise LoadError("generate needs at least one prompt token")
+        if decode_token is not None and not self.timing_only:
+            raise LoadError("a decode token is only given in timing-only mode (a functional "
+                            "run decodes its own greedy tokens)")
+        if self.timing_only:
+            decode_token = ids[-1] if decode_token is None else int(decode_token)
         self.reset()
         prefill_cycles, cycles, out = 0, [], []
         totals: dict[int, np.ndarray] = {}
@@ -123,9 +143,9 @@ class Generator:
         for i in range(n):
             cycles.append(int(self.last_result.cycles))
             self._account(totals)
-            if self.timing_only:  # no values: every step is fed the prompt's last token
+            if self.timing_only:  # no values: every step is fed the given token
                 if i + 1 < n:
-                    self.step(ids[-1])
+                    self.step(decode_token)
                 continue
             out.append(int(np.argmax(logits)))
             if i + 1 < n:
@@ -134,8 +154,14 @@ class Generator:
         per_layer = {self._layer_name(k): {"compute": int(v[0] // n), "fabric": int(v[1] // n),
                                            "stall": int(v[2] // n)}
                      for k, v in sorted(totals.items())}
+        note = ""
+        if self.timing_only:
+            note = (f"timing-only: no values are computed, so no token can be sampled; each of "
+                    f"the {n} decode steps was fed token {decode_token}")
         return GenerateResult(out, cycles, spt, 1.0 / spt, time.perf_counter() - t0,
-                              int(prefill_cycles), per_layer, self.timing_only)
+                              int(prefill_cycles), per_layer, self.timing_only,
+                              "timing-only" if self.timing_only else "functional",
+                              decode_token if self.timing_only else None, note)
 
     def _layer_name(self, layer: int) -> str:
         if layer < 0:

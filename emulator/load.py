@@ -1,24 +1,29 @@
 """Program + machine -> the struct-of-arrays state both interpreters run on.
 
 Everything is checked here, before anything runs: the program must fit the machine's fabric,
-colors and SRAM, and every route tree must be well formed. A problem raises LoadError with one
-line naming what and where (exit code 2 in the CLI).
+colors, SRAM and HBM, and every route tree must be well formed. A problem raises LoadError
+with one line naming what and where (exit code 2 in the CLI).
 
 State is allocated for the PEs the program uses only: an 8 x 8 program on a full wse3 preset
-costs what 64 PEs cost. SRAM is one flat uint8 array, `pe_stride` bytes per PE (the largest SRAM
-footprint of any region, rounded up to 8), with float32 / uint16 views for the kernels.
+costs what 64 PEs cost. SRAM is one flat uint8 array holding every PE's SRAM one after another,
+each as large as its own region's footprint (rounded up to 8; `sram_base` / `sram_len`), with
+float32 / uint16 views for the kernels: a 390k-PE GPT-2-XL needs the ~10 KB its mean PE
+declares, not the ~38 KB of its largest region. In timing-only mode (`with_data=False`) only
+PEs whose code loads or stores scalars get any (see `load`). HBM is one flat uint8 array of
+the program's HBM footprint (`Loaded.hbm`), filled from its HBM inits (empty in timing-only
+mode).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from emulator.machine import Machine
 from isa.encoding import decode_fields
-from isa.program import DIR_NAMES, DIR_RAMP, DIR_STEP, OPPOSITE, Program, Rect, TileMap
+from isa.program import DIR_NAMES, DIR_RAMP, HbmInit, HbmPiece, Program, Rect, TileMap
 from isa.spec import BY_MNEMONIC, DTYPE_BYTES, DTYPE_NAMES, INSTR_BYTES, N_IREG_SLOTS, SPECIAL_IREGS
 from isa.tensors import TensorError, as_2d, tensor_array
 
@@ -51,8 +56,8 @@ class Loaded:
     code_il: np.ndarray  # int64: slot IL, unsigned
     code_ih: np.ndarray  # int64: slot IH, signed
     ireg_init: np.ndarray  # int64 (n_pes, N_IREG_SLOTS): zeros and the read-only specials
-    pe_stride: int  # SRAM bytes allocated per PE
-    sram: np.ndarray  # uint8 (n_pes * pe_stride,)
+    pe_stride: int  # the largest SRAM footprint of any region, rounded up to 8
+    sram: np.ndarray  # uint8: the SRAM of every PE that has one, at sram_base[p]
     grid_w: int  # fabric box the program touches (from (0, 0)); link ids = cell * 5 + port
     grid_h: int
     pe_of_cell: np.ndarray  # int32 (grid_h * grid_w,) PE index of a cell, -1 where no code runs
@@ -62,12 +67,23 @@ class Loaded:
     tree_parent: np.ndarray  # int32: entry whose router this link leaves from, -1 = source router
     tree_dest: np.ndarray  # int32: PE index for a RAMP delivery, else -1
     base_dir: str | None  # folder external tensors are relative to
-    # SRAM row of every PE in sram_view() (-1: no SRAM). Functional: every PE, in order.
-    # Timing-only: only PEs whose region has scalar memory instructions (lw/sw/flw/fsw) keep
-    # their SRAM (host inputs such as token ids and positions drive their control flow);
+    # int64 (n_pes,): byte offset of every PE's SRAM in `sram` (-1: none), and its size, the
+    # footprint of the PE's region rounded up to 8, which is also the limit every address
+    # check of the PE uses (in both modes, so faults are the same). Functional: every PE, in
+    # order. Timing-only: only PEs whose region has scalar memory instructions (lw/sw/flw/fsw)
+    # keep their SRAM (host inputs such as token ids and positions drive their control flow);
     # tensor ops, fabric transfers and DMA move no data, so no other PE needs any.
-    sram_row: np.ndarray = None
+    sram_base: np.ndarray = None
+    sram_len: np.ndarray = None
     timing_only: bool = False
+    # Timing-only: one byte per 4-byte word of `sram`, 1 where the word holds a value computed
+    # from data (which the run does not know): a tensor op, receive or DMA wrote it. Scalar
+    # loads of such a word are refused (core: F_TIMING_DATA). It lives here, with the SRAM,
+    # because it outlives a run as the SRAM does (a decode step's KV cache). Empty otherwise.
+    unknown: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint8))
+    # HBM contents, program.hbm_bytes bytes filled from the program's HBM inits (functional);
+    # empty in timing-only mode, where DMA moves no data.
+    hbm: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint8))
 
     @property
     def colors(self) -> int:
@@ -77,15 +93,74 @@ class Loaded:
     def n_links(self) -> int:
         return self.grid_w * self.grid_h * N_PORTS
 
-    def sram_view(self) -> np.ndarray:
-        """(rows, pe_stride) view of the SRAM: PE p's is row sram_row[p] (row p when
-        functional)."""
-        return self.sram.reshape(-1, self.pe_stride)
+    def pe_sram(self, p: int) -> np.ndarray:
+        """PE p's SRAM bytes (a view; empty for a PE without SRAM in timing-only mode)."""
+        base = int(self.sram_base[p])
+        return self.sram[base:base + int(self.sram_len[p])] if base >= 0 else self.sram[:0]
+
+    def sram_view(self) -> "SramView":
+        """PE-indexed view of the SRAM: view[p] is PE p's bytes, view[p, a:b] a slice of them."""
+        return SramView(self)
+
+    def region_sram(self, ri: int) -> np.ndarray | None:
+        """(PEs of region ri, footprint rounded up to 8) view of their SRAM, rows in the
+        region's PE order (a region's PEs are consecutive, and so is their SRAM); None when
+        they have none (timing-only mode)."""
+        p0, base, stride = _region_rows(self, ri)
+        if base < 0:
+            return None
+        size = self.program.regions[ri].rect.size
+        return self.sram[base:base + size * stride].reshape(size, stride)
 
     def pe_index(self, x: int, y: int) -> int:
         if 0 <= x < self.grid_w and 0 <= y < self.grid_h:
             return int(self.pe_of_cell[y * self.grid_w + x])
         return -1
+
+
+PAGE = 4096  # bytes: the unit of host memory the snapshot keeps or skips
+
+
+class PageSnapshot:
+    """A byte array's contents to put back later (Loaded.sram, Loaded.unknown), kept as its
+    nonzero 4 KB pages only.
+
+    A timing-only SRAM is mostly never written: PEs with scalar memory keep their region's
+    whole footprint (a full-size embedding region is a gigabyte) but hold little in it, and
+    pages nobody wrote take no host memory. A plain copy, and restoring one, would map every
+    page; this keeps and rewrites only pages that hold something (functional: about all)."""
+
+    def __init__(self, data: np.ndarray):
+        body, tail = self._split(data)
+        self.pages = np.flatnonzero(body.any(axis=1))
+        self.saved = body[self.pages].copy()
+        self.tail = tail.copy()
+
+    @staticmethod
+    def _split(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(whole pages as rows of uint64, the bytes after the last whole page)."""
+        n = data.size // PAGE
+        return data[:n * PAGE].view(np.uint64).reshape(n, PAGE // 8), data[n * PAGE:]
+
+    def restore(self, data: np.ndarray) -> None:
+        """Put the contents back into `data` (the array snapshotted, or one like it)."""
+        body, tail = self._split(data)
+        written = np.flatnonzero(body.any(axis=1))
+        body[np.setdiff1d(written, self.pages, assume_unique=True)] = 0
+        body[self.pages] = self.saved
+        tail[:] = self.tail
+
+
+class SramView:
+    """Loaded.sram indexed by PE: view[p] is PE p's SRAM, view[p, a:b] bytes a..b-1 of it."""
+
+    def __init__(self, loaded: Loaded):
+        self._loaded = loaded
+
+    def __getitem__(self, key):
+        p, rest = (key[0], key[1:]) if isinstance(key, tuple) else (key, ())
+        mem = self._loaded.pe_sram(int(p))
+        return mem[rest] if rest else mem
 
 
 def load(program: Program, machine: Machine, base_dir: str | None = None,
@@ -96,42 +171,52 @@ def load(program: Program, machine: Machine, base_dir: str | None = None,
     if box.w > m.width or box.h > m.height:
         raise LoadError(f"program needs a {box.w} x {box.h} fabric but machine '{m.name}' has "
                         f"{m.width} x {m.height}")
-    _check_regions(program, m)
-    fields = [decode_fields(r.code) for r in program.regions]
+    footprint = region_footprints(program)
+    _check_regions(program, m, footprint)
+    _check_hbm_capacity(program, m)
+    fields = _decode_regions(program)
     _check_code(program, m, fields)
 
-    pes = [(x, y, ri) for ri, r in enumerate(program.regions) for (x, y) in r.rect.cells()]
-    n = len(pes)
-    pe_x = np.array([p[0] for p in pes], dtype=np.int32)
-    pe_y = np.array([p[1] for p in pes], dtype=np.int32)
-    pe_region = np.array([p[2] for p in pes], dtype=np.int32)
-    starts = np.cumsum([0] + [len(r.code) for r in program.regions]).astype(np.int32)
+    # PEs region by region, each region's row by row (Rect.cells order)
+    regions = program.regions
+    sizes = np.array([r.rect.size for r in regions], dtype=np.int64)
+    n = int(sizes.sum())
+    pe_region = np.repeat(np.arange(len(regions), dtype=np.int32), sizes)
+    local = np.arange(n, dtype=np.int64) - np.concatenate([[0], np.cumsum(sizes)[:-1]])[pe_region]
+    rx, ry, rw, rh = (np.array([getattr(r.rect, k) for r in regions] or [0], dtype=np.int64)
+                      for k in ("x", "y", "w", "h"))
+    pe_x = (rx[pe_region] + local % rw[pe_region]).astype(np.int32)
+    pe_y = (ry[pe_region] + local // rw[pe_region]).astype(np.int32)
+    code_lens = np.array([len(r.code) for r in regions], dtype=np.int32)
+    starts = np.concatenate([[0], np.cumsum(code_lens)]).astype(np.int32)
     pe_code_start = starts[pe_region]
-    pe_code_len = np.array([len(program.regions[i].code) for i in pe_region], dtype=np.int32)
+    pe_code_len = code_lens[pe_region]
     cat = {k: np.concatenate([np.asarray(f[k], dtype=np.int64) for f in fields] or
                              [np.zeros(0, np.int64)]) for k in ("op", "a", "b", "c", "imm", "il", "ih")}
 
     ireg = np.zeros((n, N_IREG_SLOTS), dtype=np.int64)
-    rects = [program.regions[i].rect for i in pe_region]
-    ireg[:, SPECIAL_IREGS["X"]] = pe_x - np.array([r.x for r in rects])
-    ireg[:, SPECIAL_IREGS["Y"]] = pe_y - np.array([r.y for r in rects])
-    ireg[:, SPECIAL_IREGS["W"]] = [r.w for r in rects]
-    ireg[:, SPECIAL_IREGS["H"]] = [r.h for r in rects]
+    ireg[:, SPECIAL_IREGS["X"]] = pe_x - rx[pe_region]
+    ireg[:, SPECIAL_IREGS["Y"]] = pe_y - ry[pe_region]
+    ireg[:, SPECIAL_IREGS["W"]] = rw[pe_region]
+    ireg[:, SPECIAL_IREGS["H"]] = rh[pe_region]
     ireg[:, SPECIAL_IREGS["GX"]] = pe_x
     ireg[:, SPECIAL_IREGS["GY"]] = pe_y
 
     pe_of_cell = np.full(box.w * box.h, -1, dtype=np.int32)
     pe_of_cell[pe_y * box.w + pe_x] = np.arange(n, dtype=np.int32)
 
-    stride = max([program.region_sram_bytes(r) for r in program.regions] + [8])
-    stride = (stride + 7) // 8 * 8
+    # SRAM: each PE its region's footprint (8-byte aligned blocks), PE after PE. Timing-only:
+    # only regions with scalar loads or stores, whose values the run must know.
+    stride = int(_round8(footprint).max(initial=8))
     if with_data:
-        sram_row = np.arange(n, dtype=np.int64)
+        keeps = np.ones(len(regions), dtype=bool)
     else:
-        scalar = np.array([_has_scalar_memory(f) for f in fields] + [False], dtype=bool)
-        keeps = scalar[pe_region]
-        sram_row = np.where(keeps, np.cumsum(keeps) - 1, -1).astype(np.int64)
-    sram = np.zeros(int(max(1, sram_row.max(initial=-1) + 1)) * stride, dtype=np.uint8)
+        keeps = np.array([_has_scalar_memory(f) for f in fields], dtype=bool)
+    block = np.where(keeps, _round8(footprint) * sizes, 0)
+    region_base = np.where(keeps, np.cumsum(block) - block, -1)
+    sram_base = np.where(keeps[pe_region],
+                         region_base[pe_region] + local * _round8(footprint)[pe_region], -1)
+    sram = np.zeros(max(8, int(block.sum())), dtype=np.uint8)
 
     trees = _build_trees(program, m, box, pe_of_cell, pe_x, pe_y)
     loaded = Loaded(
@@ -141,9 +226,13 @@ def load(program: Program, machine: Machine, base_dir: str | None = None,
         code_b=cat["b"].astype(np.int32), code_c=cat["c"].astype(np.int32),
         code_imm=cat["imm"], code_il=cat["il"], code_ih=cat["ih"],
         ireg_init=ireg, pe_stride=stride, sram=sram, grid_w=box.w, grid_h=box.h,
-        pe_of_cell=pe_of_cell, base_dir=base_dir, sram_row=sram_row,
-        timing_only=not with_data, **trees)
+        pe_of_cell=pe_of_cell, base_dir=base_dir, sram_base=sram_base.astype(np.int64),
+        sram_len=footprint[pe_region].astype(np.int64), timing_only=not with_data,
+        unknown=np.zeros(0 if with_data else sram.size // 4, np.uint8),
+        hbm=np.zeros(program.hbm_bytes if with_data else 0, np.uint8),
+        **trees)
     _init_data(loaded)
+    _init_hbm(loaded)
     return loaded
 
 
@@ -151,16 +240,54 @@ _SCALAR_MEMORY = {BY_MNEMONIC[m].opcode for m in ("lw", "sw", "flw", "fsw")}
 
 
 def _has_scalar_memory(fields) -> bool:
+    """Whether code reads or writes SRAM with scalar instructions (which timing-only mode
+    must serve real bytes: tensor ops, fabric operations and DMA it does not)."""
     return any(int(op) in _SCALAR_MEMORY for op in fields["op"])
+
+
+def _round8(nbytes: np.ndarray) -> np.ndarray:
+    return (nbytes + 7) // 8 * 8
+
+
+def region_footprints(program: Program) -> np.ndarray:
+    """int64 Program.region_sram_bytes of every region (code, allocs, data and symbol pieces),
+    vectorised over the tile maps: one call per region costs regions x maps Python steps,
+    seconds for a full-size model."""
+    regions = program.regions
+    top = np.array([max([len(r.code) * INSTR_BYTES] + [a.addr + a.nbytes for a in r.allocs])
+                    for r in regions], dtype=np.int64)
+    maps = [d.tilemap for d in program.data] + [p for s in program.symbols for p in s.pieces]
+    if not maps or not regions:
+        return top
+    mx, my, mw, mh, mend = (np.array(v, dtype=np.int64) for v in zip(*(
+        (t.rect.x, t.rect.y, t.rect.w, t.rect.h, t.addr + t.nbytes) for t in maps)))
+    rx, ry, rw, rh = (np.array([getattr(r.rect, k) for r in regions], dtype=np.int64)[:, None]
+                      for k in ("x", "y", "w", "h"))
+    for i in range(0, len(regions), 256):  # blocks bound the (regions, maps) temporaries
+        s = slice(i, i + 256)
+        hit = (mx < rx[s] + rw[s]) & (rx[s] < mx + mw) & (my < ry[s] + rh[s]) & (ry[s] < my + mh)
+        top[s] = np.maximum(top[s], np.where(hit, mend, 0).max(axis=1))
+    return top
+
+
+def _decode_regions(program: Program) -> list[dict]:
+    """decode_fields of every region's code, once per distinct code (layers share theirs)."""
+    seen: dict[bytes, dict] = {}
+    out = []
+    for r in program.regions:
+        key = np.asarray(r.code, dtype=np.uint64).tobytes()
+        if key not in seen:
+            seen[key] = decode_fields(r.code)
+        out.append(seen[key])
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
 # checks
 
 
-def _check_regions(program: Program, m: Machine) -> None:
-    for r in program.regions:
-        need = program.region_sram_bytes(r)
+def _check_regions(program: Program, m: Machine, footprint: np.ndarray) -> None:
+    for r, need in zip(program.regions, footprint.tolist()):
         if need > m.sram_bytes:
             code = len(r.code) * INSTR_BYTES
             raise LoadError(
@@ -171,6 +298,15 @@ def _check_regions(program: Program, m: Machine) -> None:
         if rule.color >= m.colors:
             raise LoadError(f"route at ({rule.rect.x},{rule.rect.y}) uses color {rule.color} but "
                             f"machine '{m.name}' has colors 0-{m.colors - 1}")
+
+
+def _check_hbm_capacity(program: Program, m: Machine) -> None:
+    need, have = program.hbm_bytes, getattr(m, "hbm_bytes", 0)
+    if need > have:
+        def size(n: int) -> str:
+            return f"{n / 1e9:.2f} GB" if n >= 10**7 else f"{n:,} bytes"
+        raise LoadError(f"program needs {size(need)} of HBM; machine {m.name} has "
+                        f"{size(have) if have else 'no HBM'}")
 
 
 def _check_code(program: Program, m: Machine, fields: list[dict]) -> None:
@@ -204,65 +340,33 @@ def _paint_routes(program: Program, box: Rect, colors: int) -> tuple[np.ndarray,
 
 
 def _build_trees(program, m, box, pe_of_cell, pe_x, pe_y) -> dict:
-    n = len(pe_x)
+    """The route tree of every (PE, color) whose route accepts RAMP: the PE may send there.
+    Sending on a color without one is a fault at run time (SPMD code may hold sends a PE never
+    reaches). The walk is emulator.load_routes.build_trees; a malformed tree is a LoadError."""
+    from emulator import load_routes as lr
+
     colors = m.colors
     rx, tx = _paint_routes(program, box, colors)
-    # A tree for every (PE, color) whose route accepts RAMP: the PE may send there. Sending on
-    # a color without one is a fault at run time (SPMD code may hold sends a PE never reaches).
-    tree_start = np.full(n * colors, -1, dtype=np.int32)
-    tree_count = np.zeros(n * colors, dtype=np.int32)
-    link, parent, dest = [], [], []
     senders = np.nonzero((rx[:, pe_y, pe_x] & (1 << DIR_RAMP)).T)  # (pe indices, colors)
-    for pe, color in zip(*senders):
-        pe, color = int(pe), int(color)
-        x0, y0 = int(pe_x[pe]), int(pe_y[pe])
-        tree_start[pe * colors + color] = len(link)
-        first = len(link)
-        seen = {(x0, y0)}
-        frontier = [(x0, y0, -1)]  # router position and the entry that reached it
-        while frontier:
-            x, y, via = frontier.pop(0)
-            out = int(tx[color, y, x])
-            if out == 0:
-                raise LoadError(f"color {color} from PE ({x0},{y0}) is dropped at ({x},{y}): "
-                                f"its route forwards nowhere")
-            for port in range(5):
-                if not out & (1 << port):
-                    continue
-                cell = y * box.w + x
-                link.append(cell * N_PORTS + port)
-                parent.append(via)
-                if port == DIR_RAMP:
-                    target = int(pe_of_cell[cell])
-                    if target < 0:
-                        raise LoadError(f"color {color} from PE ({x0},{y0}) delivers to "
-                                        f"({x},{y}), which runs no code")
-                    dest.append(target)
-                    continue
-                dest.append(-1)
-                dx, dy = DIR_STEP[port]
-                nx, ny = x + dx, y + dy
-                if not (0 <= nx < m.width and 0 <= ny < m.height):
-                    raise LoadError(f"route for color {color} at ({x},{y}) sends "
-                                    f"{DIR_NAMES[port]} off the fabric (machine '{m.name}' "
-                                    f"is {m.width} x {m.height})")
-                came_from = OPPOSITE[port]
-                if not (nx < box.w and ny < box.h and rx[color, ny, nx] & (1 << came_from)):
-                    raise LoadError(f"color {color} from PE ({x0},{y0}) is dropped at "
-                                    f"({nx},{ny}): its route for color {color} does not "
-                                    f"accept wavelets from {DIR_NAMES[came_from]}")
-                if (nx, ny) in seen:
-                    raise LoadError(f"color {color} from PE ({x0},{y0}) loops: ({nx},{ny}) "
-                                    f"is reached twice")
-                seen.add((nx, ny))
-                frontier.append((nx, ny, len(link) - 1))
-        if all(d < 0 for d in dest[first:]):
-            raise LoadError(f"color {color} from PE ({x0},{y0}) reaches no PE (no route "
-                            f"ends in RAMP)")
-        tree_count[pe * colors + color] = len(link) - first
-    as32 = lambda v: np.array(v, dtype=np.int32)  # noqa: E731
-    return dict(tree_start=tree_start, tree_count=tree_count, tree_link=as32(link),
-                tree_parent=as32(parent), tree_dest=as32(dest))
+    start, count, link, parent, dest, err = lr.build_trees(
+        rx, tx, pe_of_cell, senders[0].astype(np.int64), senders[1].astype(np.int64),
+        pe_x.astype(np.int64), pe_y.astype(np.int64), colors, m.width, m.height)
+    code, color, x0, y0, x, y, port = (int(v) for v in err)
+    src = f"color {color} from PE ({x0},{y0})"
+    if code == lr.ERR_NOWHERE:
+        raise LoadError(f"{src} is dropped at ({x},{y}): its route forwards nowhere")
+    if code == lr.ERR_NO_CODE:
+        raise LoadError(f"{src} delivers to ({x},{y}), which runs no code")
+    if code == lr.ERR_OFF_FABRIC:
+        raise LoadError(f"route for color {color} at ({x},{y}) sends {DIR_NAMES[port]} off the "
+                        f"fabric (machine '{m.name}' is {m.width} x {m.height})")
+    if code == lr.ERR_NOT_ACCEPTED:
+        raise LoadError(f"{src} is dropped at ({x},{y}): its route for color {color} does not "
+                        f"accept wavelets from {DIR_NAMES[port]}")
+    if code == lr.ERR_LOOP:
+        raise LoadError(f"{src} loops: ({x},{y}) is reached twice")
+    return dict(tree_start=start, tree_count=count, tree_link=link, tree_parent=parent,
+                tree_dest=dest)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,42 +426,146 @@ def _tiles(t2: np.ndarray, tm: TileMap, ti, tj, what: str) -> np.ndarray:
     return tiles.reshape(len(ti), tr * tc)
 
 
+def _region_rows(loaded: Loaded, ri: int) -> tuple[int, int, int]:
+    """(first PE, byte offset of its SRAM or -1, bytes a PE) of region ri, whose PEs are
+    consecutive and whose SRAM is one block of equal rows."""
+    p0 = int(np.searchsorted(loaded.pe_region, ri))
+    return p0, int(loaded.sram_base[p0]), int(_round8(loaded.sram_len[p0]))
+
+
+def _by_region(loaded: Loaded, pes: np.ndarray):
+    """(selection of pes, their rows in the region's block, SRAM block, unknown-words block)
+    for every region of `pes` whose PEs have SRAM."""
+    regions = loaded.pe_region[pes]
+    for ri in np.unique(regions):
+        p0, base, stride = _region_rows(loaded, int(ri))
+        if base < 0:
+            continue
+        size = loaded.program.regions[int(ri)].rect.size
+        sel = regions == ri
+        rows = pes[sel] - p0
+        if rows.size == size and rows[0] == 0 and rows[-1] == size - 1 and \
+                (rows.size < 3 or (np.diff(rows) == 1).all()):
+            rows = slice(None)  # the whole region in order: a slice, not a gather
+        block = loaded.sram[base:base + size * stride].reshape(size, stride)
+        unknown = None
+        if loaded.unknown.size:
+            unknown = loaded.unknown[base // 4:(base + size * stride) // 4].reshape(size, -1)
+        yield sel, rows, block, unknown
+
+
+def _scatter_bytes(loaded: Loaded, pes: np.ndarray, addr: int, raw: np.ndarray) -> None:
+    """Write bytes at `addr` of the SRAM of PEs `pes` (those that have SRAM): raw is one row
+    for all or a row per PE. Host-written words hold known values (timing-only mode)."""
+    nbytes = raw.shape[-1]
+    for sel, rows, block, unknown in _by_region(loaded, pes):
+        block[rows, addr:addr + nbytes] = raw[sel] if raw.ndim == 2 else raw
+        if unknown is not None:
+            unknown[rows, -(-addr // 4):(addr + nbytes) // 4] = 0
+
+
+def _gather_bytes(loaded: Loaded, pes: np.ndarray, addr: int, nbytes: int) -> np.ndarray:
+    """(len(pes), nbytes) bytes at `addr` of the SRAM of PEs `pes` (which must have SRAM)."""
+    out = np.zeros((len(pes), nbytes), dtype=np.uint8)
+    for sel, rows, block, _ in _by_region(loaded, pes):
+        out[sel] = block[rows, addr:addr + nbytes]
+    return out
+
+
 def _write_tiles(loaded: Loaded, tm: TileMap, values: np.ndarray, tag: str, what: str) -> None:
     pes, ti, tj = _tile_pes(loaded, tm)
-    rows = loaded.sram_row[pes]
-    keep = rows >= 0
+    keep = loaded.sram_base[pes] >= 0
     if not keep.any():
         return
-    if not keep.all():
-        ti, tj, rows = ti[keep], tj[keep], rows[keep]
+    if not keep.all():  # timing-only: convert only the tiles of PEs that keep SRAM
+        pes, ti, tj = pes[keep], ti[keep], tj[keep]
     raw = _storage_bytes(_tiles(as_2d(values), tm, ti, tj, what), tag, tm.dtype)
-    view = loaded.sram_view()
-    view[rows, tm.addr:tm.addr + raw.shape[1]] = raw
+    _scatter_bytes(loaded, pes, tm.addr, raw)
 
 
 def _init_data(loaded: Loaded) -> None:
-    view = loaded.sram_view()
     for r, start in zip(loaded.program.regions, _region_starts(loaded)):
-        rows = loaded.sram_row[start:start + r.rect.size]
         code = np.asarray(r.code, dtype=np.uint64).view(np.uint8)
-        view[rows[rows >= 0], :code.size] = code
+        _scatter_bytes(loaded, np.arange(start, start + r.rect.size), 0, code)
     tensors = {t.name: t for t in loaded.program.tensors}
     for d in loaded.program.data:
         if d.tensor is None:
             pes, _, _ = _tile_pes(loaded, d.tilemap)
-            rows = loaded.sram_row[pes]
-            raw = np.frombuffer(d.inline, dtype=np.uint8)
-            view[rows[rows >= 0], d.tilemap.addr:d.tilemap.addr + raw.size] = raw
+            _scatter_bytes(loaded, pes, d.tilemap.addr, np.frombuffer(d.inline, dtype=np.uint8))
             continue
         if loaded.timing_only:
             pes, _, _ = _tile_pes(loaded, d.tilemap)
-            if (loaded.sram_row[pes] < 0).all():
+            if (loaded.sram_base[pes] < 0).all():
                 continue  # no PE that keeps SRAM needs this tensor: do not even read it
         try:
             values, tag = tensor_array(tensors[d.tensor], loaded.base_dir)
         except TensorError as e:
             raise LoadError(str(e)) from None
         _write_tiles(loaded, d.tilemap, values, tag, f"tensor '{d.tensor}'")
+
+
+HBM_CHUNK = 1 << 24  # elements converted at a time when filling HBM (bounds temporary memory)
+
+
+def hbm_matrix(values: np.ndarray, init: HbmInit) -> np.ndarray:
+    """The stored matrix S of an HBM init: the tensor's 2-D view, transposed, row-sliced
+    (views only, so a memory-mapped tensor is read only where S is)."""
+    s = as_2d(values)
+    if init.transpose:
+        s = s.T
+    if init.rows is not None:
+        s = s[init.rows[0]:init.rows[1]]
+    return s
+
+
+def _fill_hbm(hbm: np.ndarray, init: HbmInit, values: np.ndarray, tag: str) -> None:
+    """Write S as HbmInit describes: row tiles one after another, each in init.order.
+
+    Vectorised over chunks of about HBM_CHUNK elements: whole tiles when a tile is smaller
+    (row-major S is simply its rows in order), else column blocks of one column-major tile.
+    """
+    s = hbm_matrix(values, init)
+    r, c = s.shape
+    size = DTYPE_BYTES[init.dtype]
+
+    def put(offset: int, block: np.ndarray) -> None:
+        raw = _storage_bytes(block.reshape(-1), tag, init.dtype)
+        hbm[offset:offset + raw.size] = raw
+    if init.order == "C":
+        step = max(1, HBM_CHUNK // c)
+        for r0 in range(0, r, step):
+            put(init.addr + r0 * c * size, s[r0:r0 + step])
+        return
+    tr = init.tile_rows or r
+    if tr * c <= HBM_CHUNK:
+        step = max(1, HBM_CHUNK // (tr * c)) * tr  # rows of whole tiles per chunk
+        for r0 in range(0, r, step):
+            block = s[r0:r0 + step]
+            tiles = block.reshape(block.shape[0] // tr, tr, c).transpose(0, 2, 1)
+            put(init.addr + r0 * c * size, tiles)
+        return
+    step = max(1, HBM_CHUNK // tr)  # columns of one tile per chunk
+    for r0 in range(0, r, tr):
+        for c0 in range(0, c, step):
+            put(init.addr + (r0 * c + c0 * tr) * size, s[r0:r0 + tr, c0:c0 + step].T)
+
+
+def _init_hbm(loaded: Loaded) -> None:
+    """Fill Loaded.hbm from the program's HBM inits (functional mode only)."""
+    if not loaded.hbm.size:
+        return
+    tensors = {t.name: t for t in loaded.program.tensors}
+    for init in loaded.program.hbm_inits:
+        try:
+            values, tag = tensor_array(tensors[init.tensor], loaded.base_dir)
+        except TensorError as e:
+            raise LoadError(str(e)) from None
+        _fill_hbm(loaded.hbm, init, values, tag)
+
+
+def hbm_piece(program: Program, name: str) -> HbmPiece | None:
+    """The HBM piece of symbol `name`, None when the symbol lives in SRAM."""
+    return next((p for p in program.hbm_pieces if p.symbol == name), None)
 
 
 def _region_starts(loaded: Loaded) -> list[int]:
@@ -388,6 +596,10 @@ def write_input(loaded: Loaded, name: str, values: np.ndarray) -> None:
     values = values.astype(np.int32 if s.dtype == "i32" else np.float32)
     for piece in s.pieces:
         _write_tiles(loaded, piece, values, tag, f"input '{name}'")
+    hp = hbm_piece(loaded.program, name)
+    if hp is not None and loaded.hbm.size:
+        raw = _storage_bytes(values.reshape(-1), tag, hp.dtype)
+        loaded.hbm[hp.addr:hp.addr + raw.size] = raw
 
 
 def check_input_names(program: Program, names) -> None:
@@ -421,15 +633,17 @@ def read_output(loaded: Loaded, name: str) -> np.ndarray:
     if loaded.timing_only:
         raise LoadError(f"output {name!r}: a timing-only run computes no values (run "
                         f"functionally to read outputs)")
+    hp = hbm_piece(loaded.program, name)
+    if hp is not None:
+        return _read_hbm_piece(loaded, s, hp)
     shape2 = as_2d(np.zeros(s.shape, dtype=np.int8)).shape
     out = np.zeros(shape2, dtype=_HOST_DTYPES[s.dtype])
-    view = loaded.sram_view()
     for tm in s.pieces:
         pes, ti, tj = _tile_pes(loaded, tm)
         _, first = np.unique(np.stack([ti, tj], axis=1), axis=0, return_index=True)
         tr, tc = tm.tile
         nbytes = tr * tc * DTYPE_BYTES[tm.dtype]
-        raw = np.ascontiguousarray(view[pes[first], tm.addr:tm.addr + nbytes])
+        raw = _gather_bytes(loaded, pes[first], tm.addr, nbytes)
         name_dt = DTYPE_NAMES[tm.dtype]
         if name_dt == "bf16":
             vals = bf16_to_f32_array(raw.view(np.uint16))
@@ -442,6 +656,20 @@ def read_output(loaded: Loaded, name: str) -> np.ndarray:
             r1, c1 = min(r0 + tr, shape2[0]), min(c0 + tc, shape2[1])
             out[r0:r1, c0:c1] = v[:r1 - r0, :c1 - c0]
     return out.reshape(s.shape)
+
+
+def _read_hbm_piece(loaded: Loaded, s, hp: HbmPiece) -> np.ndarray:
+    """Output symbol s from its HBM piece: row-major, contiguous, in the piece's dtype."""
+    from kernels.convert import bf16_to_f32_array
+
+    n = int(np.prod(s.shape))
+    name_dt = DTYPE_NAMES[hp.dtype]
+    raw = loaded.hbm[hp.addr:hp.addr + n * DTYPE_BYTES[hp.dtype]]
+    if name_dt == "bf16":
+        vals = bf16_to_f32_array(raw.view(np.uint16))
+    else:
+        vals = raw.view({"f32": np.float32, "f16": np.float16, "i32": np.int32}[name_dt])
+    return vals.astype(_HOST_DTYPES[s.dtype]).reshape(s.shape)
 
 
 def base_dir_of(path: str | None) -> str | None:

@@ -238,9 +238,9 @@ class Reference:
         return t
 
     def scalar_address(self, pe: PE, addr: int) -> int:
-        if addr % 4 or addr < 0 or addr + 4 > self.ld.pe_stride:
+        if addr % 4 or addr < 0 or addr + 4 > int(self.ld.sram_len[pe.index]):
             raise Fault(F_SCALAR_MEM)
-        return (pe.index * self.ld.pe_stride + addr) // 4
+        return (int(self.ld.sram_base[pe.index]) + addr) // 4
 
     def descriptor_op(self, pe, name, a, b, c, imm, il, ih) -> None:
         d = pe.dsd[a]
@@ -265,7 +265,9 @@ class Reference:
             raise Fault(F_COUNT)
         return d[LEN] * (d[COUNT] if d[KIND] == DSD_MEM else 1)
 
-    def check_mem(self, d) -> None:
+    def check_mem(self, pe: PE, d) -> None:
+        """Fault unless SRAM descriptor d is aligned and inside PE pe's SRAM, which is its
+        region's footprint (docs/timing-model.md section 2)."""
         size = DTYPE_BYTES[d[DTYPE]]
         if d[ADDR] % size:
             raise Fault(F_ALIGN)
@@ -275,7 +277,8 @@ class Reference:
         outer = (d[COUNT] - 1) * d[CSTRIDE]
         lo = min(0, inner) + min(0, outer)
         hi = max(0, inner) + max(0, outer)
-        if d[ADDR] + lo * size < 0 or d[ADDR] + (hi + 1) * size > self.ld.pe_stride:
+        limit = int(self.ld.sram_len[pe.index])
+        if d[ADDR] + lo * size < 0 or d[ADDR] + (hi + 1) * size > limit:
             raise Fault(F_OOB)
 
     def tensor_op(self, pe: PE, ins, a: int, b: int, c: int) -> None:
@@ -294,7 +297,7 @@ class Reference:
         else:  # unary, vadds, vmuls, vfma
             dst, srcs = dsd[a], [dsd[b]]
         if pe.done == 0:
-            self.check_operands(name, dst, srcs)
+            self.check_operands(pe, name, dst, srcs)
             if dst is not None and dst[KIND] == DSD_FABOUT and \
                     self.ld.tree_start[pe.index * self.ld.colors + dst[COLOR]] < 0:
                 raise Fault(F_NO_ROUTE)
@@ -347,7 +350,7 @@ class Reference:
                 self.write(pe, dst, out, k)
         self.finish_chunk(pe, ins, k, n, start, end)
 
-    def check_operands(self, name, dst, srcs) -> None:
+    def check_operands(self, pe: PE, name, dst, srcs) -> None:
         if dst is not None:
             if dst[KIND] == DSD_FABIN:
                 raise Fault(F_FABIN_DEST)
@@ -362,7 +365,7 @@ class Reference:
             raise Fault(F_COUNT)
         for d in ops:
             if d[KIND] == DSD_MEM:
-                self.check_mem(d)
+                self.check_mem(pe, d)
         colors = [s[COLOR] for s in srcs if s[KIND] == DSD_FABIN]
         if len(colors) != len(set(colors)):
             raise Fault(F_SAME_COLOR)
@@ -409,13 +412,13 @@ class Reference:
                 raise Fault(F_SHAPE)
             y, work = cc, m_rows * k_cols * n_cols
         for d in (d0, d1, d2):
-            self.check_mem(d)
+            self.check_mem(pe, d)
         width = self.m.simd_width(simd_key(ins.cost, (d0[DTYPE], d1[DTYPE], d2[DTYPE])))
         start, end = self.chunk_times(pe, work, 0, width, False, -1, -1)
         total = m_rows * n_cols
         acc = self.read(pe, y, total) if ins.mnemonic in ("mva", "mma") else \
             np.zeros(total, dtype=np.float32)
-        base = pe.index * self.ld.pe_stride
+        base = int(self.ld.sram_base[pe.index])
         if n_cols == 1 and ins.mnemonic in ("mv", "mva"):
             xv = self.read(pe, x, k_cols)
             matrix.mv(self.f32, self.u16, base + w[ADDR], m_rows, k_cols, w[CSTRIDE], w[DTYPE],
@@ -442,13 +445,13 @@ class Reference:
                 if got == k:
                     break
             return out
-        base = pe.index * self.ld.pe_stride + d[ADDR]
+        base = int(self.ld.sram_base[pe.index]) + d[ADDR]
         access.gather(self.f32, self.u16, base, d[LEN], d[STRIDE], d[COUNT], d[CSTRIDE],
                       d[DTYPE], pe.done, k, out)
         return out
 
     def write(self, pe: PE, d, vals: np.ndarray, k: int) -> None:
-        base = pe.index * self.ld.pe_stride + d[ADDR]
+        base = int(self.ld.sram_base[pe.index]) + d[ADDR]
         access.scatter(self.f32, self.u16, base, d[LEN], d[STRIDE], d[COUNT], d[CSTRIDE],
                        d[DTYPE], pe.done, k, vals)
 

@@ -128,7 +128,8 @@ def text(d: dict) -> str:
     pc = d["pe_cycles"]
     fab = d["fabric"]
     lines = [
-        f"program   {d['program']} on {d['machine']}: {d['status']}",
+        f"program   {d['program']} on {d['machine']}: {d['status']}"
+        + (" (timing-only: no values computed)" if d.get("mode") == "timing-only" else ""),
         f"cycles    {d['cycles']:,}  ({d['seconds'] * 1e6:.3f} us emulated)",
         f"PEs       {d['pes']:,} ({d['pes_active']:,} active), mean utilisation "
         f"{pc['mean_utilisation'] * 100:.1f}%",

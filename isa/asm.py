@@ -27,7 +27,8 @@ from isa.spec import BY_MNEMONIC, DTYPES, N_IREGS, STORAGE_DTYPES
 BLOCK_OPEN = {".if": ".endif", ".rep": ".endrep", ".region": ".endregion"}
 DIRECTIVES = (".param", ".set", ".assert", ".if", ".elif", ".else", ".endif", ".rep", ".endrep",
               ".meta", ".program", ".tensor", ".input", ".output", ".route", ".region",
-              ".endregion", ".alloc", ".label", ".load", ".init", ".piece")
+              ".endregion", ".alloc", ".label", ".load", ".init", ".piece", ".hbm", ".hbminit",
+              ".hbmpiece")
 _TEMPLATE = re.compile(r"\{([^{}]*)\}")
 MAX_REP = 1_000_000  # a guard against typos like `.rep i = 0, 1 << 40`, not a design limit
 _META_RE = re.compile(r'\s*\.meta\b\s*(?:([A-Za-z_]\w*)|("(?:[^"\\]|\\.)*"))\s*=(.*)$')
@@ -84,10 +85,30 @@ def _split_args(tokens: list[Token], end_col: int) -> list[_Arg]:
             raise ExprError("missing argument", stop)
         if len(group) >= 2 and group[0].kind == "name" and group[1].kind == "op" \
                 and group[1].text == "=":
+            if group[0].text == "rows":
+                args.append(_Arg("rows", group[0].col, _range(group[2:], stop)))
+                continue
             args.append(_Arg(group[0].text, group[0].col, parse(group[2:], stop)))
         else:
             args.append(_Arg(None, group[0].col, parse(group, stop)))
     return args
+
+
+def _range(tokens: list[Token], end_col: int) -> Node:
+    """`A:B` (the rows= of .hbminit) as a "range" node of two expressions; without a ':' the
+    value is parsed as usual (and .hbminit refuses it)."""
+    depth = 0
+    for k, tok in enumerate(tokens):
+        if tok.kind == "op" and tok.text in "([":
+            depth += 1
+        elif tok.kind == "op" and tok.text in ")]":
+            depth -= 1
+        elif tok.kind == "op" and tok.text == ":" and depth == 0:
+            if not tokens[:k]:
+                raise ExprError("expected a value before ':'", tok.col)
+            return Node("range", tokens[0].col,
+                        args=(parse(tokens[:k], tok.col), parse(tokens[k + 1:], end_col)))
+    return parse(tokens, end_col)
 
 
 def _statement(line: str, lineno: int) -> _Stmt | None:
@@ -185,6 +206,7 @@ class _Assembler:
         self.reps: dict[str, int] = {}
         self.region: RegionBuilder | None = None
         self.allocs: dict[str, Addr] = {}
+        self.hbm: dict[str, int] = {}  # HBM buffer addresses (program-wide, unlike allocs)
         self.coords: tuple[int, int] | None = None
         self.line = 0
 
@@ -217,7 +239,7 @@ class _Assembler:
 
     def lookup(self, name: str, col: int):
         name = self.expand(name, col)
-        for scope in (self.reps, self.sets, self.params, self.allocs):
+        for scope in (self.reps, self.sets, self.params, self.allocs, self.hbm):
             if name in scope:
                 return scope[name]
         if name in ("rx", "ry"):
@@ -226,7 +248,7 @@ class _Assembler:
             return self.coords[0] if name == "rx" else self.coords[1]
         if name in REGISTERS:
             raise ExprError(f"register {name} cannot be used in an expression", col)
-        known = [*self.reps, *self.sets, *self.params, *self.allocs]
+        known = [*self.reps, *self.sets, *self.params, *self.allocs, *self.hbm]
         close = difflib.get_close_matches(name, known, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
         raise ExprError(f"undefined name {name!r}{hint}", col)
@@ -287,7 +309,8 @@ class _Assembler:
             self.fail(f"{name!r} is reserved (a register, dtype, function or keyword) and "
                       f"cannot name a {what}", col)
         for scope, kind in ((self.params, "a parameter"), (self.sets, "a .set constant"),
-                            (self.reps, "a .rep variable"), (self.allocs, "an alloc")):
+                            (self.reps, "a .rep variable"), (self.allocs, "an alloc"),
+                            (self.hbm, "an HBM buffer")):
             if name in scope and not (redefinable and scope is self.sets):
                 self.fail(f"duplicate name {name!r}: already {kind}", col)
 
@@ -461,7 +484,7 @@ class _Assembler:
         return self.int_value(node, what, addr=True)
 
     def is_value_name(self, name: str) -> bool:
-        return any(name in s for s in (self.reps, self.sets, self.params, self.allocs)) \
+        return any(name in s for s in (self.reps, self.sets, self.params, self.allocs, self.hbm)) \
             or name in CONSTANTS
 
     # -- directives ---------------------------------------------------------------------------
@@ -704,6 +727,63 @@ class _Assembler:
             values.append(v)
         self.build_call(self.region.init, addr, dtype, values, rect=rect,
                         loc=self.loc(stmt.head.col))
+
+    # -- HBM ----------------------------------------------------------------------------------
+
+    def d_hbm(self, stmt: _Stmt) -> None:
+        self.no_region(stmt)
+        a = self.args(stmt, ["name", "bytes"], keywords=("align", "at"))
+        name_node = a["name"].node
+        name = self.name_value(name_node, "HBM buffer name")
+        if name_node.kind == "name":
+            self.check_new_name(name, a["name"].col, "HBM buffer")
+        nbytes = self.int_value(a["bytes"].node, "HBM buffer size", minimum=0)
+        align = self.int_value(a["align"].node, "HBM buffer alignment", minimum=1) \
+            if "align" in a else 64
+        at = self.int_value(a["at"].node, "HBM buffer address", minimum=0) if "at" in a \
+            else None
+        addr = self.build_call(self.pb.hbm_alloc, name, nbytes, align, at,
+                               loc=self.loc(a["name"].col))
+        if name_node.kind == "name":
+            self.hbm[name] = addr
+
+    def d_hbminit(self, stmt: _Stmt) -> None:
+        self.no_region(stmt)
+        flags = [x for x in stmt.args[3:] if x.key is None and x.node.kind == "name"
+                 and x.node.value == "transpose"]
+        if len(flags) > 1:
+            self.fail("transpose given twice", flags[1].col)
+        stmt = _Stmt(stmt.line, stmt.labels, stmt.head,
+                     [x for x in stmt.args if not any(x is f for f in flags)])
+        a = self.args(stmt, ["tensor", "addr", "dtype"], keywords=("tile_rows", "order", "rows"))
+        tensor = self.name_value(a["tensor"].node, "tensor name")
+        addr = self.int_value(a["addr"].node, "HBM address", minimum=0)
+        dtype = self.dtype_value(a["dtype"].node, tuple(STORAGE_DTYPES))
+        tile_rows = self.int_value(a["tile_rows"].node, "tile_rows", minimum=0) \
+            if "tile_rows" in a else 0
+        order = "F"
+        if "order" in a:
+            node = a["order"].node
+            if node.kind != "name" or node.value not in ("F", "C"):
+                self.fail("order must be F (column-major) or C (row-major)", first_col(node))
+            order = node.value
+        rows = None
+        if "rows" in a:
+            if a["rows"].node.kind != "range":
+                self.fail("rows= must be START:END", first_col(a["rows"].node))
+            start, end = a["rows"].node.args
+            rows = (self.int_value(start, "rows start", minimum=0),
+                    self.int_value(end, "rows end", minimum=0))
+        self.build_call(self.pb.hbm_init, tensor, addr, dtype, tile_rows, order, bool(flags),
+                        rows, loc=self.loc(stmt.head.col))
+
+    def d_hbmpiece(self, stmt: _Stmt) -> None:
+        self.no_region(stmt)
+        a = self.args(stmt, ["symbol", "addr", "dtype"])
+        symbol = self.name_value(a["symbol"].node, "symbol name")
+        addr = self.int_value(a["addr"].node, "HBM address", minimum=0)
+        dtype = self.dtype_value(a["dtype"].node, tuple(STORAGE_DTYPES))
+        self.build_call(self.pb.hbm_piece, symbol, addr, dtype, loc=self.loc(stmt.head.col))
 
 
 def _assemble(text: str, filename: str, defines, data, data_paths, base_dir) -> Program:

@@ -11,6 +11,7 @@ machine-independent before it returns (check_program); every failure is one Form
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import struct
@@ -25,19 +26,20 @@ from isa.errors import EncodingError, FormatError
 from isa.expr import PLAIN_NAME, RESERVED
 from isa.info import program_colors, region_sram_bytes
 from isa.fileio import atomic_write
-from isa.program import (DIR_BITS, Alloc, DataInit, Program, Rect, Region, RouteRule, Symbol,
-                         Tensor, TileMap)
+from isa.program import (DIR_BITS, Alloc, DataInit, HbmAlloc, HbmInit, HbmPiece, Program, Rect,
+                         Region, RouteRule, Symbol, Tensor, TileMap, tensor_view_2d)
 from isa.spec import DTYPE_BYTES, DTYPE_NAMES
 
 MAGIC = b"WSEPROG\0"
-VERSION = 1
+VERSION = 2  # 2: the HBM section (buffers, inits and symbol pieces in off-chip memory)
 HEADER = struct.Struct("<8sHHI")
 SECTION = struct.Struct("<IIQII")
 ROUTE = struct.Struct("<7I")
 SECTIONS = {1: "META", 2: "REGIONS", 3: "CODE", 4: "ROUTES", 5: "TENSORS", 6: "BLOB", 7: "DATA",
-            8: "SYMBOLS"}
+            8: "SYMBOLS", 9: "HBM"}
 KINDS = {name: kind for kind, name in SECTIONS.items()}
 LIMIT = 1 << 31  # coordinates, sizes and addresses stay below this (a sanity bound, not a machine)
+HBM_LIMIT = 1 << 48  # the same for HBM addresses and sizes (a 16 GB model needs more than 2**31)
 
 
 def _json(obj) -> bytes:
@@ -64,7 +66,17 @@ def requirements(program: Program) -> dict:
     box = program.bounding_box()
     per_region = {r.name: region_sram_bytes(program, r) for r in program.regions}
     return {"width": box.w, "height": box.h, "colors": program_colors(program),
-            "sram_bytes": max(per_region.values(), default=0), "region_sram_bytes": per_region}
+            "sram_bytes": max(per_region.values(), default=0), "region_sram_bytes": per_region,
+            "hbm_bytes": program.hbm_bytes}
+
+
+def _hbm_json(program: Program) -> dict:
+    return {"allocs": [[a.name, a.addr, a.nbytes] for a in program.hbm_allocs],
+            "inits": [{"tensor": i.tensor, "addr": i.addr, "dtype": i.dtype,
+                       "tile_rows": i.tile_rows, "order": i.order, "transpose": i.transpose,
+                       "rows": None if i.rows is None else list(i.rows)}
+                      for i in program.hbm_inits],
+            "pieces": [[p.symbol, p.addr, p.dtype] for p in program.hbm_pieces]}
 
 
 def dumps(program: Program) -> bytes:
@@ -107,7 +119,8 @@ def dumps(program: Program) -> bytes:
                       for r in program.routes)
     payloads = [("META", _json(meta)), ("REGIONS", _json(regions)), ("CODE", code),
                 ("ROUTES", routes), ("TENSORS", _json(tensors)), ("BLOB", bytes(blob)),
-                ("DATA", _json(data)), ("SYMBOLS", _json(symbols))]
+                ("DATA", _json(data)), ("SYMBOLS", _json(symbols)),
+                ("HBM", _json(_hbm_json(program)))]
     out = bytearray(HEADER.pack(MAGIC, VERSION, 0, len(payloads)))
     for name, payload in payloads:
         out += SECTION.pack(KINDS[name], 0, len(payload), zlib.crc32(payload), 0)
@@ -371,10 +384,47 @@ def _read_symbols(doc) -> list[Symbol]:
     return symbols
 
 
+def _read_hbm(doc) -> tuple[list[HbmAlloc], list[HbmInit], list[HbmPiece]]:
+    s = _Schema("HBM")
+    doc = s.dict(doc, "HBM", {"allocs", "inits", "pieces"})
+    allocs = []
+    for i, a in enumerate(s.list(doc["allocs"], "allocs")):
+        name, addr, nbytes = s.list(a, f"allocs[{i}]", 3)
+        allocs.append(HbmAlloc(s.str(name, f"allocs[{i}][0]"),
+                               s.int(addr, f"allocs[{i}][1]", 0, HBM_LIMIT),
+                               s.int(nbytes, f"allocs[{i}][2]", 0, HBM_LIMIT)))
+    inits = []
+    for i, d in enumerate(s.list(doc["inits"], "inits")):
+        path = f"inits[{i}]"
+        d = s.dict(d, path, {"tensor", "addr", "dtype", "tile_rows", "order", "transpose",
+                             "rows"})
+        if d["order"] not in ("F", "C"):
+            s.fail(f"{path}.order", f"expected 'F' or 'C', got {d['order']!r}")
+        if not isinstance(d["transpose"], bool):
+            s.fail(f"{path}.transpose", f"expected true or false, got {d['transpose']!r}")
+        rows = None
+        if d["rows"] is not None:
+            rows = tuple(s.int(r, f"{path}.rows[{k}]", 0, HBM_LIMIT)
+                         for k, r in enumerate(s.list(d["rows"], f"{path}.rows", 2)))
+        inits.append(HbmInit(s.str(d["tensor"], f"{path}.tensor"),
+                             s.int(d["addr"], f"{path}.addr", 0, HBM_LIMIT),
+                             s.int(d["dtype"], f"{path}.dtype", 0, len(DTYPE_NAMES)),
+                             s.int(d["tile_rows"], f"{path}.tile_rows", 0, HBM_LIMIT),
+                             d["order"], d["transpose"], rows))
+    pieces = []
+    for i, p in enumerate(s.list(doc["pieces"], "pieces")):
+        symbol, addr, dtype = s.list(p, f"pieces[{i}]", 3)
+        pieces.append(HbmPiece(s.str(symbol, f"pieces[{i}][0]"),
+                               s.int(addr, f"pieces[{i}][1]", 0, HBM_LIMIT),
+                               s.int(dtype, f"pieces[{i}][2]", 0, len(DTYPE_NAMES))))
+    return allocs, inits, pieces
+
+
 def _loads(blob: bytes) -> Program:
     sections = _sections(blob)
     doc = {name: _decode_json(name, sections[name])
-           for name in ("META", "REGIONS", "TENSORS", "DATA", "SYMBOLS")}
+           for name in ("META", "REGIONS", "TENSORS", "DATA", "SYMBOLS", "HBM")}
+    hbm_allocs, hbm_inits, hbm_pieces = _read_hbm(doc["HBM"])
     data_blob = sections["BLOB"]
     meta, params = _read_meta(doc["META"])
     program = Program(name=meta["name"],
@@ -383,7 +433,8 @@ def _loads(blob: bytes) -> Program:
                       tensors=tuple(_read_tensors(doc["TENSORS"], data_blob)),
                       data=tuple(_read_data(doc["DATA"], data_blob)),
                       symbols=tuple(_read_symbols(doc["SYMBOLS"])),
-                      params=tuple(params), meta=meta["meta"])
+                      params=tuple(params), meta=meta["meta"], hbm_allocs=tuple(hbm_allocs),
+                      hbm_inits=tuple(hbm_inits), hbm_pieces=tuple(hbm_pieces))
     check_program(program)
     if meta["requirements"] != requirements(program):
         raise FormatError("section META: requirements do not match the program "
@@ -414,10 +465,8 @@ def _overlap(a: Rect, b: Rect) -> bool:
 
 
 def view_2d(shape: tuple[int, ...]) -> tuple[int, int]:
-    """The (rows, cols) a tile map sees of a tensor or symbol of this shape."""
-    if len(shape) == 1:
-        return (shape[0], 1)
-    return (int(np.prod(shape[:-1])), shape[-1])
+    """The (rows, cols) a tile map or an HBM init sees of a tensor or symbol of this shape."""
+    return tensor_view_2d(tuple(shape))
 
 
 def _tile_range(tm: TileMap) -> tuple[int, int, int, int]:
@@ -561,6 +610,7 @@ def _check_data(program: Program) -> None:
 
 def _check_symbols(program: Program) -> None:
     names: set[str] = set()
+    in_hbm = {p.symbol for p in program.hbm_pieces if isinstance(p.symbol, str)}
     for i, s in enumerate(program.symbols):
         what = f"{s.kind} {s.name!r}"
         if not isinstance(s.name, str) or not s.name or s.name in names:
@@ -571,8 +621,9 @@ def _check_symbols(program: Program) -> None:
         if s.dtype not in SYMBOL_DTYPES:
             _fail(f"{what}: dtype must be one of {', '.join(SYMBOL_DTYPES)}", "symbol", i)
         _check_shape(s.shape, what, ("symbol", i))
-        if not s.pieces:
-            _fail(f"{what} has no pieces (say where it lives with .piece)", "symbol", i)
+        if not s.pieces and s.name not in in_hbm:
+            _fail(f"{what} has no pieces (say where it lives with .piece or .hbmpiece)",
+                  "symbol", i)
         view = view_2d(s.shape)
         owner = 0
         for k, tm in enumerate(s.pieces):
@@ -582,7 +633,7 @@ def _check_symbols(program: Program) -> None:
                 _fail(f"{pwhat}: pieces must be in region order", "piece", i, k)
             owner = new_owner
             _check_fits(tm, view, pwhat, what, ("piece", i, k))
-        if s.kind == "output":
+        if s.kind == "output" and s.pieces:
             _check_coverage(s, view, i)
 
 
@@ -609,6 +660,111 @@ def _check_coverage(s: Symbol, view: tuple[int, int], index: int) -> None:
         r, c = np.argwhere(~covered)[0]
         _fail(f"output {s.name!r}: element ({r * cell_r}, {c * cell_c}) of its "
               f"{view[0]} x {view[1]} view is in no piece", "symbol", index)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_hbm(program: Program) -> None:
+    """HBM buffers disjoint and inside HBM_LIMIT; every init and symbol piece well formed,
+    aligned to its dtype, inside one buffer, and no init sharing a byte with another init or
+    a piece (pieces may share bytes with each other, e.g. an output written in place of an
+    input)."""
+    names: set[str] = set()
+    for i, a in enumerate(program.hbm_allocs):
+        if not isinstance(a.name, str) or not a.name or a.name in names:
+            _fail(f"HBM buffer {a.name!r}: name is empty or duplicate", "hbm_alloc", i)
+        names.add(a.name)
+        if not (_is_int(a.addr) and _is_int(a.nbytes) and 0 <= a.addr and 0 <= a.nbytes
+                and a.addr + a.nbytes <= HBM_LIMIT):
+            _fail(f"HBM buffer {a.name!r}: bad address {a.addr!r} or size {a.nbytes!r}",
+                  "hbm_alloc", i)
+    spans = sorted((a.addr, a.addr + a.nbytes, i) for i, a in enumerate(program.hbm_allocs)
+                   if a.nbytes)
+    for (lo0, hi0, i0), (lo1, hi1, i1) in zip(spans, spans[1:]):
+        if lo1 < hi0:
+            first, second = sorted((i0, i1))
+            _fail(f"HBM buffer {program.hbm_allocs[second].name!r} overlaps HBM buffer "
+                  f"{program.hbm_allocs[first].name!r} (bytes {max(lo0, lo1)}.."
+                  f"{min(hi0, hi1) - 1} are in both)", "hbm_alloc", second)
+    starts = [lo for lo, _, _ in spans]
+    total = program.hbm_bytes
+
+    def place(addr: int, nbytes: int, dtype: int, what: str, subject: tuple) -> None:
+        size = DTYPE_BYTES[dtype]
+        if addr % size:
+            _fail(f"{what}: HBM address {addr} is not a multiple of {size} "
+                  f"({DTYPE_NAMES[dtype]})", *subject)
+        end = addr + nbytes
+        if end > total:
+            _fail(f"{what}: bytes {addr}..{end - 1} run past the end of the program's HBM "
+                  f"({total} bytes in its buffers)", *subject)
+        k = bisect.bisect_right(starts, addr) - 1
+        if k < 0 or end > spans[k][1]:
+            _fail(f"{what}: bytes {addr}..{end - 1} are not inside one HBM buffer", *subject)
+
+    tensors = {t.name: t for t in program.tensors}
+    used = []  # (start, end, is_init, what, subject)
+    for i, init in enumerate(program.hbm_inits):
+        what = f"HBM init {i} (tensor {init.tensor!r})"
+        rows = init.rows
+        if not (isinstance(init.tensor, str) and _is_int(init.addr) and 0 <= init.addr
+                and init.dtype in DTYPE_NAMES and _is_int(init.tile_rows) and init.tile_rows >= 0
+                and init.order in ("F", "C") and isinstance(init.transpose, bool)
+                and (rows is None or (isinstance(rows, tuple) and len(rows) == 2
+                                      and all(_is_int(r) for r in rows)))):
+            _fail(f"{what}: bad fields (addr {init.addr!r}, dtype {init.dtype!r}, tile_rows "
+                  f"{init.tile_rows!r}, order {init.order!r}, transpose {init.transpose!r}, "
+                  f"rows {rows!r})", "hbm_init", i)
+        if init.tensor not in tensors:
+            _fail(f"{what}: unknown tensor {init.tensor!r}", "hbm_init", i)
+        r, c = view_2d(tensors[init.tensor].shape)
+        if init.transpose:
+            r, c = c, r
+        stored = f"the {r} x {c} {'transposed ' if init.transpose else ''}tensor"
+        if rows is not None and not 0 <= rows[0] < rows[1] <= r:
+            _fail(f"{what}: rows {rows[0]}:{rows[1]} are not inside {stored}", "hbm_init", i)
+        n = r if rows is None else rows[1] - rows[0]
+        if init.tile_rows and n % init.tile_rows:
+            _fail(f"{what}: tile_rows {init.tile_rows} does not divide the {n} rows it "
+                  f"stores (of {stored})", "hbm_init", i)
+        nbytes = init.nbytes(tensors[init.tensor].shape)
+        place(init.addr, nbytes, init.dtype, what, ("hbm_init", i))
+        used.append((init.addr, init.addr + nbytes, True, what, ("hbm_init", i)))
+    symbols = {s.name: s for s in program.symbols}
+    seen: set[str] = set()
+    for i, p in enumerate(program.hbm_pieces):
+        what = f"HBM piece {i} (symbol {p.symbol!r})"
+        if not (isinstance(p.symbol, str) and _is_int(p.addr) and 0 <= p.addr
+                and p.dtype in DTYPE_NAMES):
+            _fail(f"{what}: bad fields (addr {p.addr!r}, dtype {p.dtype!r})", "hbm_piece", i)
+        s = symbols.get(p.symbol)
+        if s is None:
+            _fail(f"{what}: unknown symbol {p.symbol!r} (declare it with input/output)",
+                  "hbm_piece", i)
+        if p.symbol in seen:
+            _fail(f"{what}: the symbol has another HBM piece (one holds all of it)",
+                  "hbm_piece", i)
+        seen.add(p.symbol)
+        if s.pieces:
+            _fail(f"{what}: the symbol also has SRAM pieces (it lives in SRAM or in HBM, not "
+                  "both)", "hbm_piece", i)
+        nbytes = math.prod(s.shape) * DTYPE_BYTES[p.dtype]
+        place(p.addr, nbytes, p.dtype, what, ("hbm_piece", i))
+        used.append((p.addr, p.addr + nbytes, False, what, ("hbm_piece", i)))
+    # Sweep in address order with the furthest end of any init and of anything so far: a span
+    # starting before the first overlaps an init; an init starting before the second overlaps
+    # something.
+    init_end, init_what, any_end, any_what = 0, "", 0, ""
+    for lo, hi, is_init, what, subject in sorted(used, key=lambda u: (u[0], u[1])):
+        if lo < init_end or (is_init and lo < any_end):
+            other = init_what if lo < init_end else any_what
+            _fail(f"{what}: bytes {lo}..{hi - 1} overlap {other}", *subject)
+        if is_init and hi > init_end:
+            init_end, init_what = hi, what
+        if hi > any_end:
+            any_end, any_what = hi, what
 
 
 def _check_shape(shape, what: str, subject: tuple) -> None:
@@ -648,6 +804,7 @@ def check_program(program: Program) -> None:
             _fail(f"{what}: a file reference needs a file and a key", "tensor", i)
     _check_data(program)
     _check_symbols(program)
+    _check_hbm(program)
     names = set()
     for i, (name, value) in enumerate(program.params):
         if not isinstance(name, str) or not PLAIN_NAME.fullmatch(name) or name in RESERVED \

@@ -10,8 +10,11 @@
 
 Alloc addresses come after the code, so they are only known at build(): `alloc` returns an
 `Addr`, which supports integer arithmetic and may be used wherever an integer operand or data
-address is expected. Every method takes an optional `loc` = (file, line, col) that errors raised
-for that call (now or at build()) carry; the assembler passes its source positions.
+address is expected. HBM buffers (`pb.hbm_alloc`) are placed from address 0 in call order, so
+their addresses are plain integers at once; `pb.hbm_init` puts tensor data in them and
+`pb.hbm_piece` keeps a whole input or output there. Every method takes an optional `loc` =
+(file, line, col) that errors raised for that call (now or at build()) carry; the assembler
+passes its source positions.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ import numpy as np
 from isa.encoding import REGISTERS, FBits, encode, float_bits, kind_text, operand_field
 from isa.errors import BuildError, EncodingError, FormatError
 from isa.expr import PLAIN_NAME, RESERVED
-from isa.program import (DIR_BITS, Alloc, DataInit, Program, Rect, Region, RouteRule, Symbol,
-                         Tensor, TileMap)
+from isa.program import (DIR_BITS, Alloc, DataInit, HbmAlloc, HbmInit, HbmPiece, Program, Rect,
+                         Region, RouteRule, Symbol, Tensor, TileMap)
 from isa.spec import BY_MNEMONIC, DTYPE_BYTES, DTYPE_NAMES, DTYPES, INSTRUCTIONS, STORAGE_DTYPES
 
 Loc = tuple[str, int, int]
@@ -477,6 +480,10 @@ class ProgramBuilder:
         self._symbols: list[tuple[str, str, str, tuple[int, ...], Loc | None]] = []
         self._routes: list[tuple[RouteRule, Loc | None]] = []
         self._regions: list[tuple[RegionBuilder, Loc | None]] = []
+        self._hbm_allocs: list[tuple[HbmAlloc, Loc | None]] = []
+        self._hbm_cursor = 0  # the end of the highest HBM buffer so far
+        self._hbm_inits: list[tuple[HbmInit, Loc | None]] = []
+        self._hbm_pieces: list[tuple[HbmPiece, Loc | None]] = []
 
     def param(self, name: str, value: int | str, loc: Loc | None = None) -> None:
         """Record a resolved parameter (Program.params), for people and `wse-emu info`."""
@@ -586,6 +593,84 @@ class ProgramBuilder:
         self._regions.append((rb, loc))
         return rb
 
+    # -- HBM ----------------------------------------------------------------------------------
+
+    def hbm_alloc(self, name: str, nbytes: int, align: int = 64, at: int | None = None,
+                  loc: Loc | None = None) -> int:
+        """Reserve nbytes of HBM and return the buffer's byte address.
+
+        Buffers are placed one after another from address 0, each at the next multiple of
+        `align` (a power of two); `at` gives an explicit address instead, and later buffers
+        continue after the highest end so far. Program.hbm_bytes is the end of the highest.
+        """
+        if not isinstance(name, str) or not name:
+            raise BuildError(f"HBM buffer name must be a non-empty string, got {name!r}", loc)
+        where = f"HBM buffer {name!r}"
+        if any(a.name == name for a, _ in self._hbm_allocs):
+            raise BuildError(f"{where} is defined twice", loc)
+        try:
+            nbytes = _int_min(nbytes, f"{where}: size", 0)
+            align = _int_min(align, f"{where}: alignment")
+            if align & (align - 1):
+                raise BuildError(f"{where}: alignment {align} is not a power of two")
+            if at is not None:
+                at = _int_min(at, f"{where}: address", 0)
+        except BuildError as e:
+            raise BuildError(e.message, loc) from None
+        addr = at if at is not None else -(-self._hbm_cursor // align) * align
+        self._hbm_cursor = max(self._hbm_cursor, addr + nbytes)
+        self._hbm_allocs.append((HbmAlloc(name, addr, nbytes), loc))
+        return addr
+
+    def hbm_init(self, tensor: str, addr: int, dtype, tile_rows: int = 0, order: str = "F",
+                 transpose: bool = False, rows=None, loc: Loc | None = None) -> None:
+        """Write tensor data into HBM at addr before the run (isa.program.HbmInit).
+
+        The tensor's 2-D view S, transposed when `transpose`, cut to rows (r0, r1) when `rows`
+        is given, is split into row tiles of `tile_rows` rows (0 = all rows), written one after
+        another, each column-major ('F', what mv reads) or row-major ('C'), in `dtype`. Its
+        bytes must lie inside one hbm_alloc buffer.
+        """
+        try:
+            if not isinstance(tensor, str) or not tensor:
+                raise BuildError(f"hbm_init: tensor must be a tensor name, got {tensor!r}")
+            what = f"hbm_init of tensor {tensor!r}"
+            addr = _int_min(addr, f"{what}: address", 0)
+            code = storage_code(dtype, f"{what}: dtype")
+            tile_rows = _int_min(tile_rows, f"{what}: tile_rows", 0)
+            if order not in ("F", "C"):
+                raise BuildError(f"{what}: order must be 'F' or 'C', got {order!r}")
+            if not isinstance(transpose, (bool, np.bool_)):
+                raise BuildError(f"{what}: transpose must be True or False, got {transpose!r}")
+            if rows is not None:
+                try:
+                    r0, r1 = rows
+                except (TypeError, ValueError):
+                    raise BuildError(f"{what}: rows must be (start, end), got {rows!r}") from None
+                r0 = _int_min(r0, f"{what}: rows start", 0)
+                r1 = _int_min(r1, f"{what}: rows end", 0)
+                if r1 <= r0:
+                    raise BuildError(f"{what}: rows ({r0}, {r1}) is empty (end must be after "
+                                     "start)")
+                rows = (r0, r1)
+        except BuildError as e:
+            raise BuildError(e.message, loc) from None
+        init = HbmInit(tensor, addr, code, tile_rows, order, bool(transpose), rows)
+        self._hbm_inits.append((init, loc))
+
+    def hbm_piece(self, symbol: str, addr: int, dtype, loc: Loc | None = None) -> None:
+        """Keep input/output `symbol` in HBM: all of it, row-major, contiguous from addr, in
+        storage dtype `dtype` (the symbol then has no SRAM pieces)."""
+        try:
+            if not isinstance(symbol, str) or not symbol:
+                raise BuildError(f"hbm_piece: symbol must be a symbol name, got {symbol!r}")
+            what = f"hbm_piece of {symbol!r}"
+            piece = HbmPiece(symbol, _int_min(addr, f"{what}: address", 0),
+                             storage_code(dtype, f"{what}: dtype"))
+        except BuildError as e:
+            raise BuildError(e.message, loc) from None
+        self._hbm_pieces.append((piece, loc))
+
     # -----------------------------------------------------------------------------------------
 
     def build(self) -> Program:
@@ -612,7 +697,10 @@ class ProgramBuilder:
         program = Program(
             name=self.name, regions=tuple(regions), routes=tuple(r for r, _ in self._routes),
             tensors=tuple(t for t, _ in self._tensors), data=tuple(data), symbols=symbols,
-            params=tuple((n, v) for n, v, _ in self._params), meta=dict(self._meta))
+            params=tuple((n, v) for n, v, _ in self._params), meta=dict(self._meta),
+            hbm_allocs=tuple(a for a, _ in self._hbm_allocs),
+            hbm_inits=tuple(i for i, _ in self._hbm_inits),
+            hbm_pieces=tuple(p for p, _ in self._hbm_pieces))
         from isa.binfmt import check_program
         try:
             check_program(program)
@@ -646,6 +734,12 @@ class ProgramBuilder:
             return pieces[self._symbols[idx[0]][0]][idx[1]][1]
         if kind == "param":
             return self._params[idx[0]][2]
+        if kind == "hbm_alloc":
+            return self._hbm_allocs[idx[0]][1]
+        if kind == "hbm_init":
+            return self._hbm_inits[idx[0]][1]
+        if kind == "hbm_piece":
+            return self._hbm_pieces[idx[0]][1]
         return self._meta_loc
 
 

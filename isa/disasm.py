@@ -70,6 +70,44 @@ def _tile_args(tm: TileMap, region: Region, default_order: str) -> str:
     return text
 
 
+def _hbm_align(cursor: int, addr: int) -> str:
+    """The `.hbm` placement suffix that puts a buffer at addr when the last one ended at
+    cursor: nothing (the default 64), align=N, or at=addr."""
+    if addr == -(-cursor // 64) * 64:
+        return ""
+    if addr >= cursor:
+        align = addr & -addr if addr else 1  # the largest power of two dividing addr
+        if addr - cursor < align:
+            return f", align={align}"
+    return f", at={addr}"
+
+
+def _hbm_lines(program: Program, params: set[str]) -> tuple[list[str], set[str]]:
+    """The .hbm, .hbminit and .hbmpiece lines, and the HBM names written bare (value names)."""
+    lines, bare, cursor = [], set(), 0
+    for a in program.hbm_allocs:
+        reserved = a.name in RESERVED or a.name in params or a.name in bare
+        name = json.dumps(a.name) if reserved else _name(a.name)
+        if not name.startswith('"'):
+            bare.add(a.name)
+        lines.append(f".hbm {name}, {a.nbytes}{_hbm_align(cursor, a.addr)}")
+        cursor = max(cursor, a.addr + a.nbytes)
+    for init in program.hbm_inits:
+        text = f".hbminit {_name(init.tensor)}, {init.addr}, {DTYPE_NAMES[init.dtype]}"
+        if init.tile_rows:
+            text += f", tile_rows={init.tile_rows}"
+        if init.order != "F":
+            text += f", order={init.order}"
+        if init.transpose:
+            text += ", transpose"
+        if init.rows is not None:
+            text += f", rows={init.rows[0]}:{init.rows[1]}"
+        lines.append(text)
+    for p in program.hbm_pieces:
+        lines.append(f".hbmpiece {_name(p.symbol)}, {p.addr}, {DTYPE_NAMES[p.dtype]}")
+    return lines, bare
+
+
 def _region_lines(program: Program, region: Region, params: set[str]) -> list[str]:
     lines = [f".region {_name(region.name)}, {region.rect.x}, {region.rect.y}, "
              f"{region.rect.w}, {region.rect.h}"]
@@ -161,11 +199,13 @@ def disassemble(program: Program, outdir: str, stem: str) -> str:
         lines.append(f".tensor {_name(t.name)}, {shape}, file={json.dumps(file)}{bf16}")
     for s in program.symbols:
         lines.append(f".{s.kind} {_name(s.name)}, {s.dtype}, [{', '.join(map(str, s.shape))}]")
+    hbm, hbm_names = _hbm_lines(program, params)
+    lines += hbm
     for r in program.routes:
         lines.append(f".route {r.rect.x}, {r.rect.y}, {r.rect.w}, {r.rect.h}, {r.color}, "
                      f"rx={_ports(r.rx)}, tx={_ports(r.tx)}")
     for region in program.regions:
-        lines += _region_lines(program, region, params)
+        lines += _region_lines(program, region, params | hbm_names)
     path = out / f"{stem}.wsa"
     path.write_text("\n".join(lines) + "\n")
     return str(path)

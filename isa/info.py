@@ -47,8 +47,42 @@ def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:
             for row in rows]
 
 
+def _hbm_lines(program: Program) -> list[str]:
+    """The HBM footprint and one row per buffer with what the program puts in it."""
+    total = program.hbm_bytes
+    gb = f" ({total / 1e9:.2f} GB)" if total >= 10**7 else ""
+    lines = [f"HBM: {total:,} bytes{gb} in {len(program.hbm_allocs)} "
+             f"buffer(s), {len(program.hbm_inits)} tensor init(s), "
+             f"{len(program.hbm_pieces)} symbol(s)"]
+    contents: dict[int, list[str]] = {}
+    spans = sorted((a.addr, a.addr + a.nbytes, i) for i, a in enumerate(program.hbm_allocs))
+
+    def owner(addr: int) -> int | None:
+        return next((i for lo, hi, i in spans if lo <= addr < hi), None)
+    for init in program.hbm_inits:
+        text = f"{init.tensor} ({DTYPE_NAMES[init.dtype]}"
+        if init.transpose:
+            text += ", transposed"
+        if init.rows is not None:
+            text += f", rows {init.rows[0]}:{init.rows[1]}"
+        if init.tile_rows:
+            text += f", {init.tile_rows}-row tiles"
+        text += ", column-major)" if init.order == "F" else ", row-major)"
+        contents.setdefault(owner(init.addr), []).append(text)
+    kinds = {s.name: s.kind for s in program.symbols}
+    for p in program.hbm_pieces:
+        contents.setdefault(owner(p.addr), []).append(
+            f"{kinds.get(p.symbol, 'symbol')} {p.symbol} ({DTYPE_NAMES[p.dtype]})")
+    rows = [["name", "address", "bytes", "contents"]]
+    for i, a in enumerate(program.hbm_allocs):
+        rows.append([a.name, f"{a.addr:,}", f"{a.nbytes:,}", "; ".join(contents.get(i, []))
+                     or "-"])
+    return lines + _table(rows)
+
+
 def describe(program: Program) -> str:
-    """A human-readable summary of the program: regions, routes, tensors, symbols, params."""
+    """A human-readable summary of the program: regions, routes, tensors, symbols, params, and
+    the HBM footprint with its buffers."""
     box = program.bounding_box()
     pes = sum(r.rect.size for r in program.regions)
     lines = [f"program {program.name!r}: {len(program.regions)} region(s), {pes} PEs used, "
@@ -81,11 +115,14 @@ def describe(program: Program) -> str:
     if program.symbols:
         lines.append("symbols:")
         rows = [["name", "kind", "dtype", "shape", "pieces", "SRAM dtype"]]
+        in_hbm = {p.symbol for p in program.hbm_pieces}
         for s in program.symbols:
             stored = ", ".join(sorted({DTYPE_NAMES[p.dtype] for p in s.pieces}))
-            rows.append([s.name, s.kind, s.dtype, str(tuple(s.shape)), str(len(s.pieces)),
-                         stored])
+            pieces = "HBM" if s.name in in_hbm else str(len(s.pieces))
+            rows.append([s.name, s.kind, s.dtype, str(tuple(s.shape)), pieces, stored or "-"])
         lines += _table(rows)
+    if program.hbm_allocs:
+        lines += _hbm_lines(program)
     if program.meta:
         lines.append("meta: " + ", ".join(f"{k}={v!r}" for k, v in sorted(program.meta.items())))
     return "\n".join(lines) + "\n"

@@ -6,11 +6,17 @@ east (columns), y to the south (rows); (0, 0) is the north-west corner.
 
 Compactness: nothing here is per PE. Regions, route rules and tile maps are rectangles with
 affine rules, so a program for a 900k-PE wafer is as small as its distinct code and tensors.
+
+HBM (machines with off-chip memory): one flat byte address space per machine, shared by every
+core. A program declares named buffers in it (`hbm_allocs`), fills some with tensor data before
+the run (`hbm_inits`, e.g. the weights an HBM-streaming program DMAs into SRAM tile by tile),
+and may keep whole host inputs / outputs there (`hbm_pieces`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 # Directions of a router port; a route's rx / tx are bit masks over these.
 DIR_N, DIR_E, DIR_S, DIR_W, DIR_RAMP = 0, 1, 2, 3, 4
@@ -155,14 +161,80 @@ class Symbol:
     `shape` is the logical shape (any rank); its 2-D view for the tile maps is
     (prod(shape[:-1]), shape[-1]) for rank >= 2 and (n, 1) for rank 1. Inputs are written to
     every PE of every piece (pieces may replicate); outputs are read from each piece's PEs, and
-    a tile held by several PEs is read from the first in row-major PE order.
+    a tile held by several PEs is read from the first in row-major PE order. A symbol kept in
+    HBM instead (an HbmPiece of Program.hbm_pieces) has no SRAM pieces.
     """
 
     name: str
     kind: str  # "input" | "output"
     dtype: str  # logical host dtype: 'f32' | 'f16' | 'bf16' | 'i32'
     shape: tuple[int, ...]
-    pieces: tuple[TileMap, ...]
+    pieces: tuple[TileMap, ...]  # SRAM pieces; () when the symbol lives in HBM
+
+
+class HbmAlloc(NamedTuple):
+    """A named HBM buffer: bytes [addr, addr + nbytes) of the machine's HBM."""
+
+    name: str
+    addr: int
+    nbytes: int
+
+
+def tensor_view_2d(shape: tuple[int, ...]) -> tuple[int, int]:
+    """The (rows, cols) that tile maps and HBM inits see of a tensor or symbol of this shape:
+    (prod(shape[:-1]), shape[-1]) for rank >= 2, (n, 1) for rank 1."""
+    if len(shape) == 1:
+        return (shape[0], 1)
+    rows = 1
+    for d in shape[:-1]:
+        rows *= d
+    return (rows, shape[-1])
+
+
+@dataclass(frozen=True)
+class HbmInit:
+    """Tensor data written into HBM before the run.
+
+    The stored matrix S is the tensor's 2-D view (tensor_view_2d), transposed when `transpose`
+    (S = S.T), then cut to rows [rows[0], rows[1]) when `rows` is given. S is split into row
+    tiles of `tile_rows` rows (0 = one tile of all rows; it must divide S's row count), written
+    one after another from byte address `addr`, each tile column-major when order == "F" (the
+    (tile_rows x K) layout `mv` consumes, so a program streams a matrix with one DMA a tile) or
+    row-major when "C", converted to `dtype` (isa.spec.STORAGE_DTYPES) as `.load` converts.
+    """
+
+    tensor: str
+    addr: int
+    dtype: int
+    tile_rows: int = 0
+    order: str = "F"
+    transpose: bool = False
+    rows: tuple[int, int] | None = None
+
+    def matrix_shape(self, tensor_shape: tuple[int, ...]) -> tuple[int, int]:
+        """(rows, cols) of S for a tensor of this shape (after transpose and the row slice)."""
+        r, c = tensor_view_2d(tuple(tensor_shape))
+        if self.transpose:
+            r, c = c, r
+        if self.rows is not None:
+            r = self.rows[1] - self.rows[0]
+        return (r, c)
+
+    def nbytes(self, tensor_shape: tuple[int, ...]) -> int:
+        from isa.spec import DTYPE_BYTES
+
+        r, c = self.matrix_shape(tensor_shape)
+        return r * c * DTYPE_BYTES[self.dtype]
+
+
+@dataclass(frozen=True)
+class HbmPiece:
+    """Input or output `symbol` kept in HBM: all its elements, row-major, contiguous from byte
+    address `addr`, in storage dtype `dtype`. Such a symbol has no SRAM pieces."""
+
+    symbol: str
+    addr: int
+    dtype: int
 
 
 @dataclass(frozen=True)
@@ -175,6 +247,14 @@ class Program:
     symbols: tuple[Symbol, ...] = ()
     params: tuple[tuple[str, int | str], ...] = ()  # resolved parameters, for people and info
     meta: dict = field(default_factory=dict, hash=False, compare=False)  # free-form, JSON-able
+    hbm_allocs: tuple[HbmAlloc, ...] = ()
+    hbm_inits: tuple[HbmInit, ...] = ()
+    hbm_pieces: tuple[HbmPiece, ...] = ()
+
+    @property
+    def hbm_bytes(self) -> int:
+        """The program's HBM footprint: the end of its highest HBM buffer (0 = uses no HBM)."""
+        return max((a.addr + a.nbytes for a in self.hbm_allocs), default=0)
 
     def bounding_box(self) -> Rect:
         """Smallest rectangle from (0, 0) holding every region and route rule."""

@@ -8,7 +8,7 @@ import struct
 import pytest
 
 HEADER_BYTES, SECTION_HEADER_BYTES = 16, 24
-SECTION_NAMES = ("META", "REGIONS", "CODE", "ROUTES", "TENSORS", "BLOB", "DATA", "SYMBOLS")
+SECTION_NAMES = ("META", "REGIONS", "CODE", "ROUTES", "TENSORS", "BLOB", "DATA", "SYMBOLS", "HBM")
 
 
 def sections(blob: bytes) -> list[tuple[str, int, int]]:

@@ -27,16 +27,23 @@ def test_run_and_generate_timing_only(wse, shape_bin):
     assert run.code == 0, run.stderr
     d = json.loads(run.stdout)
     assert d["status"] == "halted" and d["mode"] == "timing-only" and d["cycles"] > 0
+    text = wse("run", "m.bin", "--machine", "test64", "--timing-only", "--input",
+               "input_ids=ids.npy", cwd=shape_bin)
+    assert text.code == 0 and "halted (timing-only: no values computed)" in text.stdout
+    assert f"cycles    {d['cycles']:,}" in text.stdout
     gen = wse("generate", "m.bin", "--machine", "test64", "--timing-only", "--prompt-ids", "1,2",
               "--tokens", "3", "--json", cwd=shape_bin)
     assert gen.code == 0, gen.stderr
     g = json.loads(gen.stdout)
     assert g["timing_only"] and g["generated_ids"] == [] and len(g["cycles_per_token"]) == 3
+    assert g["mode"] == "timing-only" and g["decode_token"] == 2
+    assert "no token can be sampled" in g["note"]
     # decode cycles grow with the position (attention over more cached positions)
     assert g["cycles_per_token"][0] <= g["cycles_per_token"][-1]
     text = wse("generate", "m.bin", "--machine", "test64", "--timing-only", "--prompt-ids", "1",
-               "--tokens", "2", cwd=shape_bin)
+               "--tokens", "2", "--decode-token", "200", cwd=shape_bin)
     assert text.code == 0 and "timing only" in text.stdout and "tokens/s" in text.stdout
+    assert "each step fed token 200" in text.stdout and "no token is sampled" in text.stdout
 
 
 @pytest.mark.parametrize("extra, fragment", [
@@ -63,3 +70,32 @@ def test_an_empty_input_file_is_one_clear_line(wse, shape_bin):
     out = wse("run", "m.bin", "--machine", "test64", "--input", f"input_ids={empty}",
               cwd=shape_bin)
     assert out.code == 2 and "is not a .npy file" in out.stderr and "aborted" not in out.stderr
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (("--decode-token", "3"), "--decode-token needs --timing-only"),
+    (("--timing-only", "--decode-token", "300"), "token id 300 is outside the vocabulary"),
+    (("--timing-only", "--reference"), "--reference runs functional programs only"),
+])
+def test_generate_refuses_what_it_cannot_do(wse, user_error, shape_bin, extra, fragment):
+    if not (shape_bin / "m.bin").exists():
+        wse("compile", "m", "--shape-only", "--max-context", "16", "--machine", "test64",
+            "-o", "m.bin", cwd=shape_bin)
+    out = wse("generate", "m.bin", "--machine", "test64", "--prompt-ids", "1", "--tokens", "2",
+              *extra, cwd=shape_bin)
+    user_error(out, fragment)
+
+
+def test_a_functional_program_runs_timing_only_in_the_same_cycles(wse, tmp_path):
+    """Any program may run timing-only, not only shape-only compiles."""
+    from isa.binfmt import write_program
+    from programs.conftest import build
+
+    w = np.random.default_rng(0).standard_normal((32, 32), dtype=np.float32)
+    write_program(build("gemv", {"W": w}, M=32, K=32, P=2, Q=2), tmp_path / "g.bin")
+    np.save(tmp_path / "x.npy", np.ones(32, dtype=np.float32))
+    runs = [json.loads(wse("run", "g.bin", "--machine", "tiny", "--json", *flag, "--input",
+                           "x=x.npy", cwd=tmp_path).stdout) for flag in ((), ("--timing-only",))]
+    assert [r["mode"] for r in runs] == ["functional", "timing-only"]
+    for key in ("cycles", "instructions", "pe_cycles", "fabric", "classes"):
+        assert runs[0][key] == runs[1][key], key

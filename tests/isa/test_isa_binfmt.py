@@ -50,7 +50,7 @@ def _sections(blob):
     return out
 
 
-def _container(sections, version=1):
+def _container(sections, version=binfmt.VERSION):
     out = bytearray(binfmt.HEADER.pack(binfmt.MAGIC, version, 0, len(sections)))
     for kind, payload in sections:
         out += binfmt.SECTION.pack(kind, 0, len(payload), zlib.crc32(payload), 0)
@@ -89,14 +89,17 @@ def test_round_trip_and_determinism(blob):
 
 def test_layout(blob):
     magic, version, flags, count = binfmt.HEADER.unpack_from(blob)
-    assert (magic, version, flags, count) == (b"WSEPROG\0", 1, 0, 8)
+    assert (magic, version, flags, count) == (b"WSEPROG\0", 2, 0, 9)
     assert len(blob) % 8 == 0
     kinds = [k for k, _ in _sections(blob)]
     assert [binfmt.SECTIONS[k] for k in kinds] == ["META", "REGIONS", "CODE", "ROUTES",
-                                                   "TENSORS", "BLOB", "DATA", "SYMBOLS"]
+                                                   "TENSORS", "BLOB", "DATA", "SYMBOLS", "HBM"]
     meta = json.loads(dict(_sections(blob))[1])
     assert meta["requirements"] == {"width": 2, "height": 1, "colors": 4,
-                                    "sram_bytes": 24 + 32, "region_sram_bytes": {"r": 56}}
+                                    "sram_bytes": 24 + 32, "region_sram_bytes": {"r": 56},
+                                    "hbm_bytes": 0}
+    assert json.loads(dict(_sections(blob))[binfmt.KINDS["HBM"]]) == \
+        {"allocs": [], "inits": [], "pieces": []}
     code = dict(_sections(blob))[binfmt.KINDS["CODE"]]
     assert struct.unpack("<3Q", code) == _small_program().regions[0].code
 
@@ -113,16 +116,16 @@ def test_truncated_sections(blob, cut):
 
 def test_header_errors(blob):
     _refused(b"NOTAPROG" + blob[8:], "not a wse-emu program.bin")
-    _refused(blob[:8] + struct.pack("<H", 2) + blob[10:],
-             "unsupported program.bin version 2 \\(this wse-emu reads version 1\\)")
+    _refused(blob[:8] + struct.pack("<H", 1) + blob[10:],
+             "unsupported program.bin version 1 \\(this wse-emu reads version 2\\)")
     _refused(blob[:10] + struct.pack("<H", 1) + blob[12:], "unknown header flags")
     _refused(blob + b"\0" * 8, "8 unexpected bytes after the last section")
 
 
 def test_container_errors(blob):
     sections = _sections(blob)
-    _refused(_container(sections[:-1]), "missing section SYMBOLS")
-    _refused(_container(sections + sections[-1:]), "duplicate SYMBOLS section")
+    _refused(_container(sections[:-1]), "missing section HBM")
+    _refused(_container(sections + sections[-1:]), "duplicate HBM section")
     _refused(_container(sections + [(99, b"")]), "unknown section kind 99")
     reserved = bytearray(blob)
     reserved[binfmt.HEADER.size + 4] = 1
@@ -261,7 +264,7 @@ def _leaves(obj, path=()):
 
 def test_schema_damage_never_escapes_as_another_exception(blob):
     """Every JSON value replaced by wrong-typed ones: a FormatError or a valid file, no crash."""
-    names = ("META", "REGIONS", "TENSORS", "DATA", "SYMBOLS")
+    names = ("META", "REGIONS", "TENSORS", "DATA", "SYMBOLS", "HBM")
     for kind, payload in _sections(blob):
         if binfmt.SECTIONS[kind] not in names:
             continue
