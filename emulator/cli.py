@@ -341,5 +341,82 @@ def demo(machine_name):
     sys.exit(run_demo(machine_name))
 
 
+
+def bench_progress():
+    """Progress of `wse-emu bench` on stderr: a bar on a terminal, a line a phase otherwise."""
+    t0, tty, last = time.perf_counter(), sys.stderr.isatty(), [""]
+
+    def show(done: int, total: int, label: str) -> None:
+        if not label and not tty:
+            return
+        last[0] = label or last[0]
+        elapsed = time.perf_counter() - t0
+        if tty:
+            filled = 24 * done // max(total, 1)
+            click.echo(f"\r[{'#' * filled}{'-' * (24 - filled)}] {done}/{total} {elapsed:6.0f} s "
+                       f"{last[0][:70]:<70}", err=True, nl=False)
+        else:
+            click.echo(f"[{done}/{total}] {elapsed:6.1f} s  {label}", err=True)
+
+    return show
+
+
+def _names(values: tuple[str, ...]) -> list[str]:
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+@main.command()
+@click.option("--models", multiple=True, metavar="NAME|CONFIG",
+              help="built-in model (gpt2-small, gpt2-medium, gpt2-xl, llama-3-8b) or an HF "
+                   "config.json (file or folder); repeat or separate with commas [default: all "
+                   "built-in]")
+@click.option("--machines", multiple=True, metavar="PRESET",
+              help="machine presets or .toml files; repeat or separate with commas "
+                   "[default: wse3,h100]")
+@click.option("-o", "--outdir", default="bench-results", show_default=True,
+              type=click.Path(file_okay=False), help="folder for bench.md, bench.json, PNGs")
+@click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="bf16",
+              show_default=True, help="storage type of the weights")
+@click.option("--max-context", type=click.IntRange(min=1),
+              help="KV-cache positions [default: the largest of 1024, 256, 64, 16 that fits]")
+@click.option("--position", type=click.IntRange(min=0),
+              help="decode position [default: the last the smallest context of a model holds]")
+@user_errors
+def bench(models, machines, outdir, dtype, max_context, position):
+    """Batch-1 decode of every model on every machine (shape-only, timing-only).
+
+    Writes OUTDIR/bench.md (the table), bench.json, tokens_per_second.png and a roofline PNG a
+    machine; prints the table. Each result shows the physics floors it must respect; a result
+    under one is an emulator bug (exit code 1).
+    """
+    from emulator.benchreport import markdown, violations, write_outputs
+    from emulator.benchsuite import DEFAULT_MACHINES, DEFAULT_MODELS, BenchError, run_suite
+
+    models = _names(models) or list(DEFAULT_MODELS)
+    machines = _names(machines) or list(DEFAULT_MACHINES)
+    command = (f"wse-emu bench --models {','.join(models)} --machines {','.join(machines)} "
+               f"--dtype {dtype} -o {outdir}")
+    if max_context:
+        command += f" --max-context {max_context}"
+    if position is not None:
+        command += f" --position {position}"
+    progress = bench_progress()
+    try:
+        suite = run_suite(models, machines, dtype=dtype, max_context=max_context,
+                          position=position, progress=progress, command=command)
+    except BenchError as e:
+        raise UserError(str(e)) from None
+    finally:
+        if sys.stderr.isatty():
+            click.echo("\r" + " " * 110 + "\r", err=True, nl=False)
+    files = write_outputs(suite, outdir)
+    click.echo(markdown(suite))
+    click.echo(f"wrote {', '.join(str(f) for f in files)}", err=True)
+    bad = violations(suite)
+    for line in bad:
+        click.echo(f"wse-emu: PHYSICS VIOLATION (an emulator bug): {line}", err=True)
+    sys.exit(1 if bad else 0)
+
+
 if __name__ == "__main__":
     main()

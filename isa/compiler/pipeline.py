@@ -63,6 +63,11 @@ def compile_model(source, machine, dtype: str = "f32", max_context: int | None =
     if dtype not in DTYPE_NAMES:
         raise CompileError(f"dtype {dtype!r} is not supported (fp32, fp16, bf16)")
     dtype = DTYPE_NAMES[dtype]
+    if getattr(machine, "kind", "mesh") == "hbm":
+        # Mapping weights resident in a GPU's shared memory would model a machine that does not
+        # exist; the HBM-streaming target (weights in HBM, DMA into core SRAM) is not built yet.
+        raise CompileError(f"machine {machine.name!r} streams weights from HBM, and the compiler "
+                           f"has no HBM target yet; compile for a mesh machine (wse2, wse3)")
     unknown = [d for d in dump if d not in DUMPS]
     if unknown:
         raise CompileError(f"cannot dump {unknown[0]!r} (passes: {', '.join(DUMPS)})")

@@ -1,0 +1,308 @@
+"""The outputs of `wse-emu bench` (emulator.benchsuite): the Markdown table, the comparison of
+resident-weight and HBM-streaming machines, the JSON file and the PNG plots (tokens/s of every
+model on every machine; a roofline of each machine with the models placed on it).
+
+Everything here reads the JSON-able suite that `benchsuite.run_suite` returns, so a saved
+bench.json can be re-rendered. matplotlib is imported only when a plot is drawn.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+
+PARTS = {"vector": "norms and residual adds", "gemv": "layer matrix-vector products",
+         "attn": "attention", "head": "LM head", "embed": "embedding"}
+
+
+def violations(suite: dict) -> list[str]:
+    """One line per physics check a case failed (each one an emulator bug)."""
+    out = []
+    for c in suite["cases"]:
+        t = c["figures"].get("seconds_per_token")
+        for check in c["checks"]:
+            if not check["ok"]:
+                out.append(f"{c['model']} on {c['machine']}: {fmt_seconds(t)} a token is under "
+                           f"the {check['name']} floor of {fmt_seconds(check['floor_seconds'])}")
+    return out
+
+
+def fmt_seconds(s) -> str:
+    if s is None:
+        return "-"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if s >= scale:
+            return f"{s / scale:.3g} {unit}"
+    return f"{s / 1e-9:.3g} ns"
+
+
+def fmt_bytes(n) -> str:
+    if n is None:
+        return "-"
+    for unit, scale in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{int(n)} B"
+
+
+def fmt_fraction(x) -> str:
+    if x is None:
+        return "-"
+    return f"{x * 100:.2g} %" if x < 1e-4 else f"{x * 100:.2f} %"
+
+
+def _share(x: float) -> str:
+    return f"{x:.0%}" if x >= 0.01 else f"{x:.1%}"
+
+
+def _floors_cell(case: dict) -> str:
+    parts = [f"{c['name']} {fmt_seconds(c['floor_seconds'])}" for c in case["checks"]]
+    bad = [c["name"] for c in case["checks"] if not c["ok"]]
+    verdict = f"**VIOLATION ({', '.join(bad)}): emulator bug**" if bad else "ok"
+    return f"{', '.join(parts)}: {verdict}"
+
+
+def markdown(suite: dict) -> str:
+    """The suite as Markdown: results with their physics floors, comparison, host cost."""
+    meta, cases = suite["meta"], suite["cases"]
+    lines = [f"Decode, batch 1, weights {meta['dtype']}, shape-only compile + timing-only run "
+             f"({meta['date']}, {meta['host']})", ""]
+    if meta.get("command"):
+        lines += [f"Command: `{meta['command']}`", ""]
+    lines += ["| model | machine | context | position | tokens/s | time/token | time/layer | "
+              "HBM bytes/token | fabric bytes/token | SIMD util | HBM util | hottest link | "
+              "floors (time/token must be >=) |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    notes = []
+    for c in cases:
+        ctx = c["max_context"] or "-"
+        pos = "-" if c["position"] is None else c["position"]
+        if c["status"] == "bound":
+            f = c["figures"]
+            notes.append(f"{c['model']} on {c['machine']}: not emulated ({c['reason']}); the "
+                         f"row is the bandwidth bound: weight bytes / peak HBM bandwidth")
+            lines.append(f"| {c['model']} | {c['machine']} | - | - | <= "
+                         f"{f['tokens_per_second']:,.0f} (bound) [{len(notes)}] | >= "
+                         f"{fmt_seconds(f['seconds_per_token'])} | | "
+                         f"{fmt_bytes(f['weight_bytes_per_token'])} | | | | | |")
+            continue
+        if c["status"] != "ok":
+            notes.append(f"{c['model']} on {c['machine']}: {c['reason']}")
+            lines.append(f"| {c['model']} | {c['machine']} | {ctx} | {pos} | {c['status']} "
+                         f"[{len(notes)}] | | | | | | | | |")
+            continue
+        f = c["figures"]
+        layer = ("" if f["layer_time_measured"] else "~") + fmt_seconds(f["seconds_per_layer"])
+        hbm = f["hbm_read_bytes_per_token"] + f["hbm_write_bytes_per_token"]
+        lines.append(
+            f"| {c['model']} | {c['machine']} | {ctx} | {pos} | {f['tokens_per_second']:,.0f} | "
+            f"{fmt_seconds(f['seconds_per_token'])} | {layer} | {fmt_bytes(hbm)} | "
+            f"{fmt_bytes(f['fabric_link_bytes_per_token'])} | "
+            f"{fmt_fraction(f['simd_utilisation'])} | {fmt_fraction(f['hbm_utilisation'])} | "
+            f"{fmt_fraction(f['link_utilisation_max'])} | {_floors_cell(c)} |")
+    if notes:
+        lines += [""] + [f"[{i}] {n}" for i, n in enumerate(notes, 1)]
+    lines += ["", "Columns: context = the largest KV-cache length of (1024, 256, 64, 16) that "
+              "compiles for the machine; position = the decoded position (the same on every "
+              "machine of a model); fabric bytes = wavelet-hops x 4 B (every link a wavelet "
+              "crosses); time/layer measured on mesh programs, ~ = time/token / layers on HBM "
+              "programs; SIMD util = FLOPs / (peak x time); HBM util = bytes / (peak bandwidth x "
+              "time); hottest link = its wavelets / cycles. Floors: HBM weights = weight bytes / "
+              "peak HBM bandwidth, HBM moved = reported HBM bytes / peak, SIMD = FLOPs / peak, "
+              "link = hottest link's wavelets / clock.", "", f"Batch: {meta['batch_sweep']}."]
+    paths = [f"{c['model']} on {c['machine']}: " + ", ".join(
+                 f"{PARTS.get(k, k)} {_share(v / c['figures']['seconds_per_token'])}"
+                 for k, v in sorted(c["figures"]["critical_path_seconds"].items(),
+                                    key=lambda kv: -kv[1]))
+             for c in cases if c["status"] == "ok" and c["figures"].get("critical_path_seconds")]
+    if paths:
+        lines += ["", "Where a mesh token's time goes (shares of the critical path, by kind of "
+                  "stage):", ""] + [f"- {p}" for p in paths]
+    comparison = compare(cases, {m["name"]: m for m in meta["machines"]})
+    if comparison:
+        lines += ["", "Resident weights vs HBM streaming:", ""] + [f"- {t}" for t in comparison]
+    lines += ["", "Host cost per case (this machine):", "",
+              "| model | machine | compile | load | decode step | case total | peak RSS |",
+              "|---|---|---:|---:|---:|---:|---:|"]
+    for c in cases:
+        h = c["host"]
+        lines.append(f"| {c['model']} | {c['machine']} | "
+                     + " | ".join(fmt_seconds(h.get(k)) for k in
+                                  ("compile_seconds", "load_seconds", "step_seconds",
+                                   "case_seconds"))
+                     + f" | {fmt_bytes(h.get('peak_rss_bytes'))} |")
+    lines += ["", f"Whole suite: {fmt_seconds(meta['host_seconds'])} of host time, peak RSS "
+              f"{fmt_bytes(meta['peak_rss_bytes'])}."]
+    return "\n".join(lines) + "\n"
+
+
+def compare(cases: list[dict], machines: dict) -> list[str]:
+    """Per model, every resident-weight (mesh) result against every HBM result: the ratio of
+    tokens/s and why (bytes per token, bandwidth)."""
+    out = []
+    by_model: dict[str, list[dict]] = {}
+    for c in cases:
+        if c["status"] == "ok":
+            by_model.setdefault(c["model"], []).append(c)
+    for c in cases:
+        if c["status"] == "bound":
+            by_model.setdefault(c["model"], []).append(c)
+    for model, done in by_model.items():
+        for mesh in (c for c in done if machines[c["machine"]]["kind"] != "hbm"
+                     and c["status"] == "ok"):
+            for hbm in (c for c in done if c["status"] == "bound"):
+                fm, fh = mesh["figures"], hbm["figures"]
+                mh = machines[hbm["machine"]]
+                ratio = fm["tokens_per_second"] / fh["tokens_per_second"]
+                out.append(
+                    f"{model}: {mesh['machine']} {fm['tokens_per_second']:,.0f} tokens/s "
+                    f"(emulated) vs {hbm['machine']} at most {fh['tokens_per_second']:,.0f} "
+                    f"tokens/s (bound, not emulated) = {ratio:.3g}x. {hbm['machine']} must "
+                    f"stream {fmt_bytes(fh['weight_bytes_per_token'])} of weights from HBM every "
+                    f"token at {fmt_bytes(mh['hbm_bandwidth'])}/s peak: at least "
+                    f"{fmt_seconds(fh['seconds_per_token'])} a token ("
+                    f"{fmt_seconds(fh['achievable_seconds_per_token'])} at the preset's "
+                    f"achievable {mh['hbm_efficiency']:.0%}); {mesh['machine']} reads them from "
+                    f"resident SRAM and moves "
+                    f"{fmt_bytes(fm['fabric_link_bytes_per_token'])} of activations over its "
+                    f"links a token, in {fmt_seconds(fm['seconds_per_token'])}"
+                    + (" (ahead)." if ratio > 1 else
+                       ": behind, latency along the layer chain (see where the time goes)."))
+    for model, done in by_model.items():
+        done = [c for c in done if c["status"] == "ok"]
+        for mesh in (c for c in done if machines[c["machine"]]["kind"] != "hbm"):
+            for hbm in (c for c in done if machines[c["machine"]]["kind"] == "hbm"):
+                fm, fh = mesh["figures"], hbm["figures"]
+                mm, mh = machines[mesh["machine"]], machines[hbm["machine"]]
+                moved = fh["hbm_read_bytes_per_token"] + fh["hbm_write_bytes_per_token"]
+                ratio = fm["tokens_per_second"] / fh["tokens_per_second"]
+                out.append(
+                    f"{model}: {mesh['machine']} {fm['tokens_per_second']:,.0f} tokens/s vs "
+                    f"{hbm['machine']} {fh['tokens_per_second']:,.0f} tokens/s = {ratio:.3g}x. "
+                    f"{hbm['machine']} must stream {fmt_bytes(fh['weight_bytes_per_token'])} of "
+                    f"weights from HBM every token (the run moved {fmt_bytes(moved)}) at "
+                    f"{fmt_bytes(mh['hbm_bandwidth'])}/s peak: at least "
+                    f"{fmt_seconds(fh['weight_bytes_per_token'] / mh['hbm_bandwidth'])} a token "
+                    f"however fast its cores are. {mesh['machine']} keeps them resident in SRAM "
+                    f"(0 B from HBM), readable at {fmt_bytes(mm['memory_bandwidth'])}/s over its "
+                    f"{mm['pes']:,} PEs, and moves only activations: "
+                    f"{fmt_bytes(fm['fabric_link_bytes_per_token'])} of link traffic a token "
+                    f"(its hottest link busy {fmt_fraction(fm['link_utilisation_max'])} of the "
+                    f"time); its {fmt_seconds(fm['seconds_per_token'])} is latency along the "
+                    f"layer chain, not bandwidth.")
+    return out
+
+
+def write_outputs(suite: dict, outdir) -> list[Path]:
+    """bench.md, bench.json, tokens_per_second.png and roofline-<machine>.png in `outdir`."""
+    from isa.fileio import atomic_write
+
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    files = [out / "bench.md", out / "bench.json"]
+    atomic_write(files[0], markdown(suite).encode())
+    atomic_write(files[1], (json.dumps(suite, indent=1) + "\n").encode())
+    files.append(out / "tokens_per_second.png")
+    atomic_write(files[-1], plot_tokens_per_second(suite))
+    for m in suite["meta"]["machines"]:
+        files.append(out / f"roofline-{m['name']}.png")
+        atomic_write(files[-1], plot_roofline(suite, m))
+    return files
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    _pyplot().close(fig)
+    return buf.getvalue()
+
+
+def plot_tokens_per_second(suite: dict) -> bytes:
+    """PNG: tokens/s of every model on every machine (log scale), grouped by model; an HBM
+    bandwidth bound (no emulated run) is a hollow hatched bar; a case that did not run is a
+    labelled gap."""
+    plt = _pyplot()
+    cases = suite["cases"]
+    models = list(dict.fromkeys(c["model"] for c in cases))
+    machines = [m["name"] for m in suite["meta"]["machines"]]
+    rates = [c["figures"]["tokens_per_second"] for c in cases if c["status"] in ("ok", "bound")]
+    bottom = 10 ** math.floor(math.log10(min(rates)) - 0.5) if rates else 1.0
+    fig, ax = plt.subplots(figsize=(max(6.4, 0.9 * len(models) * len(machines) + 2), 4.8))
+    width = 0.8 / len(machines)
+    for j, name in enumerate(machines):
+        for i, model in enumerate(models):
+            c = next(c for c in cases if c["model"] == model and c["machine"] == name)
+            x = i + (j - (len(machines) - 1) / 2) * width
+            if c["status"] == "ok":
+                tps = c["figures"]["tokens_per_second"]
+                ax.bar(x, tps - bottom, width, bottom=bottom, color=f"C{j}")
+                ax.annotate(f"{tps:,.0f}", (x, tps), ha="center", va="bottom", fontsize=7)
+            elif c["status"] == "bound":  # an upper bound, not a run: hollow, hatched
+                tps = c["figures"]["tokens_per_second"]
+                ax.bar(x, tps - bottom, width, bottom=bottom, fill=False, hatch="//",
+                       edgecolor=f"C{j}")
+                ax.annotate(f"<= {tps:,.0f}\n(HBM bound)", (x, tps), ha="center",
+                            va="bottom", fontsize=7)
+            else:
+                ax.annotate(c["status"], (x, 0.03), xycoords=ax.get_xaxis_transform(),
+                            ha="center", va="bottom", fontsize=7, rotation=90, color=f"C{j}")
+    ax.set_yscale("log")
+    ax.set_ylim(bottom=bottom, top=max(rates) * 3 if rates else 10.0)
+    ax.set_xticks(range(len(models)), models)
+    ax.set_xlim(-0.5, len(models) - 0.5)
+    ax.set_ylabel("tokens/s (batch-1 decode; hatched = bound)")
+    ax.set_title(f"Decode tokens/s, weights {suite['meta']['dtype']}")
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color=f"C{j}", label=n) for j, n in enumerate(machines)])
+    ax.grid(axis="y", which="both", alpha=0.3)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def plot_roofline(suite: dict, machine: dict) -> bytes:
+    """PNG: the machine's roofline (peak FLOP/s; memory bandwidth where its weights live) with
+    every model it ran placed at (FLOPs per byte of weight traffic, achieved FLOP/s)."""
+    import numpy as np
+
+    plt = _pyplot()
+    peak, bw = machine["peak_flops"], machine["memory_bandwidth"]
+    done = [c for c in suite["cases"] if c["machine"] == machine["name"] and c["status"] == "ok"]
+    xs = [c["figures"]["arithmetic_intensity"] for c in done]
+    lo = min([0.1] + [x / 10 for x in xs])
+    hi = max([10 * peak / bw] + [x * 10 for x in xs])
+    ai = np.logspace(np.log10(lo), np.log10(hi), 200)
+    fig, ax = plt.subplots(figsize=(6.4, 4.8))
+    ax.plot(ai, np.minimum(peak, ai * bw), color="k",
+            label=f"roof: {peak / 1e12:,.0f} TFLOP/s, {machine['memory']} "
+                  f"{fmt_bytes(bw)}/s")
+    if machine["kind"] == "hbm" and machine["hbm_efficiency"] < 1:
+        ax.plot(ai, np.minimum(peak, ai * bw * machine["hbm_efficiency"]), "k--", lw=0.8,
+                label=f"achievable HBM (x{machine['hbm_efficiency']:g})")
+    for i, c in enumerate(done):
+        f = c["figures"]
+        y = f["flops_per_token"] * f["tokens_per_second"]
+        ax.plot(f["arithmetic_intensity"], y, "o", color=f"C{i}",
+                label=f"{c['model']}: {y / 1e12:.3g} TFLOP/s")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("FLOPs per byte of weight traffic")
+    ax.set_ylabel("FLOP/s")
+    ax.set_title(f"{machine['name']}: batch-1 decode on the roofline")
+    ax.legend(fontsize=7)
+    ax.grid(which="both", alpha=0.3)
+    fig.tight_layout()
+    return _png(fig)

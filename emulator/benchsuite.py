@@ -1,0 +1,539 @@
+"""The benchmark suite behind `wse-emu bench`: every model on every machine, batch-1 decode.
+
+For each (model, machine) case the suite compiles the model from its config.json alone
+(shape-only: no weights are needed, the cycles do not depend on their values), runs one decode
+step in timing-only mode and derives what a person comparing machines asks for: tokens/s, time
+per token and per layer, bytes moved from HBM and across the fabric per token, utilisation of
+the SIMD units, of HBM and of the hottest fabric link, and the physics floors the time must
+respect (a result under a floor is an emulator bug and is flagged). A case the machine cannot
+hold (the compiler's DoesNotFit, a KV cache that does not fit a PE, weights larger than HBM)
+is recorded with its one-line reason instead of stopping the suite.
+
+How the figures are defined (the model's side is counted from the layer graph, not measured):
+- FLOPs per token = 2 x (elements of every MATMUL and LM_HEAD weight matrix: each weight is
+  one multiply-add at batch 1) + 4 x heads x head_dim x S per ATTENTION node (q.k and p.v over
+  the S = position + 1 cached positions). Elementwise ops, norms, softmax and the embedding
+  gather are not counted (under 0.1 % of the total at these sizes).
+- Weight bytes per token = those matrix elements x the bytes of the compiled dtype: what a
+  batch-1 decode must read once a token (the embedding gather reads one row, not counted).
+- Floors, each a lower bound on the time per token that no correct emulation can beat:
+  HBM machines: weight bytes / peak HBM bandwidth (every weight streamed once a token), and the
+  HBM bytes the run reports / peak bandwidth; every machine: FLOPs / peak (the widest FMAC of
+  the preset on every core of the machine) and the hottest link's wavelets / clock (a link
+  carries one wavelet a cycle).
+- Utilisation: SIMD = FLOPs / (peak x time); HBM = HBM bytes / (peak bandwidth x time); fabric
+  = the hottest link's wavelets / cycles, and the mean over the links that carried traffic.
+- Time per layer: on a mesh program (one region per stage) each layer's share of the token's
+  critical path (critical_path below: measured from the halting clocks of its stages' PEs),
+  averaged; the same shares give "where the time goes" by kind of stage. On an HBM program
+  (one kernel over all cores, the stages in sequence) per-stage times are not visible in the
+  run's statistics, so the table shows time per token / layers, marked "~".
+
+Decode position: every machine of a model decodes the same position, the last one the
+smallest context among its cases holds (KV cache full there), so each machine does the same
+work. The step runs with `n_past` set to that position on an empty cache: timing never
+depends on data values (docs/timing-model.md), so the cycles equal those of a sequence
+prefilled up to it, without emulating the prefill.
+
+Batch: the compiled programs run one position of one sequence (input_ids is (1,)); batch > 1
+is not supported by this compiler yet, and the suite says so rather than scaling batch-1
+numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import resource
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Built-in model shapes (Hugging Face config.json contents). Llama-3-8B keeps its published
+# shape with default RoPE (theta 500000): the front end does not implement the "llama3" RoPE
+# frequency scaling, which changes neither shapes nor FLOPs.
+BUILTIN_MODELS = {
+    "gpt2-small": {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 768,
+                   "n_layer": 12, "n_head": 12, "n_positions": 1024, "vocab_size": 50257,
+                   "activation_function": "gelu_new", "tie_word_embeddings": True},
+    "gpt2-medium": {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 1024,
+                    "n_layer": 24, "n_head": 16, "n_positions": 1024, "vocab_size": 50257,
+                    "activation_function": "gelu_new", "tie_word_embeddings": True},
+    "gpt2-xl": {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 1600,
+                "n_layer": 48, "n_head": 25, "n_positions": 1024, "vocab_size": 50257,
+                "activation_function": "gelu_new", "tie_word_embeddings": True},
+    "llama-3-8b": {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                   "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                   "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+                   "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+                   "rope_theta": 500000.0, "torch_dtype": "bfloat16",
+                   "tie_word_embeddings": False, "hidden_act": "silu"},
+}
+DEFAULT_MODELS = tuple(BUILTIN_MODELS)
+DEFAULT_MACHINES = ("wse3", "h100")
+CONTEXT_LADDER = (1024, 256, 64, 16)  # tried largest first when --max-context is not given
+DTYPE_BYTES = {"fp32": 4, "f32": 4, "fp16": 2, "f16": 2, "bf16": 2}
+TOKEN_ID = 1  # the token fed to the measured decode step (timing does not depend on it)
+BATCH_NOTE = ("batch 1 only: the compiled programs run one position of one sequence a run "
+              "(input_ids is (1,)); batch > 1 is not supported by this compiler yet")
+
+
+class BenchError(ValueError):
+    """A bench request that cannot run (unknown model, unreadable config); one line."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    folder: Path  # holds config.json (shape-only compiles need nothing else)
+    builtin: bool
+
+
+def model_specs(entries, workdir: Path) -> list[ModelSpec]:
+    """Built-in names or HF config.json paths (a file or a folder holding one) -> ModelSpecs.
+
+    Built-in configs and loose config files are written as `<name>/config.json` under
+    `workdir`, because the front end reads a model folder."""
+    specs: list[ModelSpec] = []
+    for entry in entries:
+        entry = str(entry).strip()
+        if not entry:
+            continue
+        path = Path(entry)
+        if entry in BUILTIN_MODELS and not path.exists():
+            name, config, folder = entry, BUILTIN_MODELS[entry], None
+        elif path.is_dir():
+            if not (path / "config.json").is_file():
+                raise BenchError(f"{path}: no config.json in this folder")
+            name, config, folder = path.resolve().name, None, path
+        elif path.is_file():
+            config = _read_config(path)
+            name = path.resolve().parent.name if path.name == "config.json" else path.stem
+            folder = None
+        else:
+            raise BenchError(f"unknown model {entry!r}: built-in models are "
+                             f"{', '.join(BUILTIN_MODELS)}, or pass an HF config.json (a file "
+                             f"or a folder holding one)")
+        taken = {s.name for s in specs}
+        unique, k = name, 2
+        while unique in taken:
+            unique, k = f"{name}-{k}", k + 1
+        if folder is None:
+            folder = Path(workdir) / unique
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "config.json").write_text(json.dumps(config, indent=1))
+        specs.append(ModelSpec(unique, folder, entry in BUILTIN_MODELS))
+    if not specs:
+        raise BenchError("no models to benchmark")
+    return specs
+
+
+def _read_config(path: Path) -> dict:
+    try:
+        config = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BenchError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise BenchError(f"{path}: expected a JSON object (an HF config.json)")
+    return config
+
+
+@dataclass(frozen=True)
+class ModelFigures:
+    """What one decode step of a model must do, counted from its layer graph."""
+
+    family: str
+    layers: int
+    params: int  # elements of every weight tensor
+    matrix_elements: int  # elements of the MATMUL and LM_HEAD weight matrices (one read each)
+    attention: tuple  # (n_heads, head_dim) per ATTENTION node
+
+    def flops(self, position: int) -> float:
+        """FLOPs of the decode step at `position` (it attends to position + 1 cache slots)."""
+        seen = position + 1
+        return 2.0 * self.matrix_elements + sum(4.0 * h * d * seen for h, d in self.attention)
+
+    def weight_bytes(self, dtype: str) -> int:
+        return self.matrix_elements * DTYPE_BYTES[dtype]
+
+
+def model_figures(graph) -> ModelFigures:
+    """FLOP and byte counts of a (bound or unbound) layer graph; see the module docstring."""
+    from isa.graph import Op
+
+    by_id = {n.id: n for n in graph.nodes}
+    matrices: dict[int, int] = {}  # weight node id -> elements (a tied matrix counted once)
+    attention = []
+    params = 0
+    for node in graph.nodes:
+        if node.op is Op.WEIGHT:
+            params += math.prod(node.shape)
+        elif node.op in (Op.MATMUL, Op.LM_HEAD):
+            w = by_id[node.inputs[1]]
+            matrices[w.id] = math.prod(w.shape)
+        elif node.op is Op.ATTENTION:
+            attention.append((int(node.attr("n_heads")), int(node.attr("head_dim"))))
+    return ModelFigures(graph.config.family, graph.config.layers, params,
+                        sum(matrices.values()), tuple(attention))
+
+
+# ---------------------------------------------------------------------------------------------
+# Machines
+
+
+def peak_flops(machine) -> float:
+    """FLOP/s with the widest FMAC of the preset on every core (2 FLOPs a multiply-add)."""
+    widest = max(w for k, w in machine.simd if k.startswith("fmac"))
+    return 2.0 * widest * machine.pes * machine.clock_hz
+
+
+def sram_read_bandwidth(machine) -> float:
+    """Bytes/s at which every core's FMACs can read 16-bit resident weights: one weight per
+    FMAC lane per cycle (derived; on WSE-3: 8 lanes x 2 B = 16 B a cycle, the two 64-bit SRAM
+    read ports of FACTS.md)."""
+    return 2.0 * machine.simd_width("fmac_f16") * machine.pes * machine.clock_hz
+
+
+def is_hbm(machine) -> bool:
+    return machine.kind == "hbm"
+
+
+# ---------------------------------------------------------------------------------------------
+# One case
+
+
+@dataclass
+class Case:
+    """One model on one machine: what was compiled, what ran, and every derived figure."""
+
+    model: str
+    machine: str
+    status: str = "pending"  # "ok" | "bound" (HBM floor only) | "not compiled" | "not loaded"
+    #                                 | "run failed"
+    reason: str = ""  # the one-line reason when not ok
+    max_context: int | None = None
+    position: int | None = None
+    pes: int | None = None  # cores the program occupies
+    figures: dict = field(default_factory=dict)  # every number, see measure()
+    checks: list = field(default_factory=list)  # (name, floor seconds, ok)
+    host: dict = field(default_factory=dict)  # compile / load / step seconds, peak RSS bytes
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def violations(self) -> list[str]:
+        return [c["name"] for c in self.checks if not c["ok"]]
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def compile_case(spec: ModelSpec, machine, dtype: str, max_context: int | None):
+    """(program, report, context) at the largest context of the ladder that compiles (only
+    `max_context` when given); (None, reason, None) with the compiler's last refusal."""
+    from isa.compiler.lower import CompileError
+    from isa.compiler.pipeline import compile_model
+
+    reason = ""
+    for ctx in (max_context,) if max_context else CONTEXT_LADDER:
+        try:
+            program, report = compile_model(spec.folder, machine, dtype=dtype, max_context=ctx,
+                                             shape_only=True)
+            return program, report, ctx
+        except CompileError as e:
+            if is_hbm(machine):  # no HBM target: the same refusal at every context
+                return None, str(e), None
+            reason = f"max_context {ctx}: {e}"  # a shorter context may fit
+    return None, reason, None
+
+
+def stage_of_pe(program, pe_region):
+    """The compiler stage of every PE, from its region's name ("s<stage id>.<name>"); None when
+    the regions are not one per stage (an HBM kernel runs every stage on every core)."""
+    import numpy as np
+
+    n_stages = len(program.meta.get("compiler", {}).get("stages", []))
+    ids = []
+    for r in program.regions:
+        head = r.name.partition(".")[0]
+        if not (head[:1] == "s" and head[1:].isdigit() and int(head[1:]) < n_stages):
+            return None
+        ids.append(int(head[1:]))
+    return np.asarray(ids, dtype=np.int64)[pe_region]
+
+
+def critical_path(result, stage_of, stages: list[dict], layers: int, clock_hz: float):
+    """Where a mesh program's token time goes: the stages form a chain, so each stage's share is
+    how much later its last PE halts than the stage before's (a running maximum: never
+    negative; the shares add up to the token's cycles). Returns (seconds per layer, seconds by
+    part: embed, vector (norms, residual adds), gemv (the layers' matrix-vector products),
+    attn, head (the LM head)), or (None, None) without a stage map."""
+    import numpy as np
+
+    if stage_of is None:
+        return None, None
+    finish = np.zeros(len(stages), dtype=np.int64)
+    np.maximum.at(finish, stage_of, np.asarray(result.clock, dtype=np.int64))
+    finish = np.maximum.accumulate(finish)
+    share = np.diff(finish, prepend=0) / clock_hz
+    per_layer = [0.0] * layers
+    by_part: dict[str, float] = {}
+    for s, t in zip(stages, share):
+        part = "head" if s["layer"] >= layers else s["kind"]
+        by_part[part] = by_part.get(part, 0.0) + float(t)
+        if 0 <= s["layer"] < layers:
+            per_layer[s["layer"]] += float(t)
+    return per_layer, by_part
+
+
+def measure(case: Case, figures: ModelFigures, machine, dtype: str, result,
+            layer_s: list[float] | None = None, by_part: dict | None = None) -> None:
+    """case.figures and case.checks from one decode step's RunResult (module docstring);
+    layer_s and by_part from critical_path when the program has one region per stage."""
+    import numpy as np
+
+    cycles = int(result.cycles)
+    seconds = cycles / machine.clock_hz
+    flops = figures.flops(case.position)
+    wbytes = figures.weight_bytes(dtype)
+    hbm_read = int(getattr(result, "hbm_read_bytes", 0) or 0)
+    hbm_write = int(getattr(result, "hbm_write_bytes", 0) or 0)
+    hbm_moved = hbm_read + hbm_write
+    links = np.asarray(result.link_wavelets)
+    used = links[links > 0]
+    hottest = int(links.max()) if links.size else 0
+    peak = peak_flops(machine)
+    hbm = is_hbm(machine)
+    # where the weights are read from: HBM (what the run moved) or resident SRAM
+    memory_bytes = hbm_moved if hbm and hbm_moved else wbytes
+    case.figures = {
+        "cycles_per_token": cycles,
+        "seconds_per_token": seconds,
+        "tokens_per_second": 1.0 / seconds,
+        "seconds_per_layer": sum(layer_s) / len(layer_s) if layer_s else seconds / figures.layers,
+        "layer_time_measured": bool(layer_s),
+        "layer_seconds": layer_s,
+        "critical_path_seconds": by_part,
+        "params": figures.params,
+        "flops_per_token": flops,
+        "weight_bytes_per_token": wbytes,
+        "hbm_read_bytes_per_token": hbm_read,
+        "hbm_write_bytes_per_token": hbm_write,
+        "fabric_bytes_sent_per_token": int(result.wavelets) * machine.wavelet_bytes,
+        "fabric_link_bytes_per_token": int(result.wavelet_hops) * machine.wavelet_bytes,
+        "hottest_link_wavelets": hottest,
+        "peak_flops": peak,
+        "simd_utilisation": flops / (peak * seconds),
+        "hbm_utilisation": hbm_moved / (machine.hbm_bandwidth * seconds) if hbm else None,
+        "link_utilisation_max": hottest / cycles,
+        "link_utilisation_mean": float(used.mean()) / cycles if used.size else 0.0,
+        "arithmetic_intensity": flops / max(memory_bytes, 1),
+        "memory_bandwidth": machine.hbm_bandwidth if hbm else sram_read_bandwidth(machine),
+    }
+    floors = [("SIMD", flops / peak), ("link", hottest / machine.clock_hz)]
+    if hbm:
+        floors[:0] = [("HBM weights", wbytes / machine.hbm_bandwidth),
+                      ("HBM moved", hbm_moved / machine.hbm_bandwidth)]
+    # a time equal to its floor (a saturated link) is physics, not a violation
+    case.checks = [{"name": name, "floor_seconds": floor,
+                    "ok": seconds >= floor or math.isclose(seconds, floor, rel_tol=1e-9)}
+                   for name, floor in floors]
+
+
+def bound_case(case: Case, figures: ModelFigures, machine, dtype: str) -> None:
+    """The bandwidth bound of an HBM machine the compiler cannot target yet: batch-1 decode
+    reads every weight once a token, so no program runs faster than weight bytes / peak HBM
+    bandwidth (and at the preset's achievable fraction it takes weight bytes / (peak x
+    efficiency)). Stored as figures with "bound": True; nothing here is an emulated run."""
+    wbytes = figures.weight_bytes(dtype)
+    floor = wbytes / machine.hbm_bandwidth
+    case.figures = {"bound": True, "weight_bytes_per_token": wbytes,
+                    "seconds_per_token": floor, "tokens_per_second": 1.0 / floor,
+                    "achievable_seconds_per_token": floor / machine.hbm_efficiency,
+                    "params": figures.params}
+
+
+def run_case(case: Case, machine, dtype: str, program, position: int, figures: ModelFigures,
+             tick) -> None:
+    """Load `program` timing-only and run one decode step at `position` into `case`."""
+    from emulator.generate import Generator
+    from emulator.load import LoadError
+
+    t0 = time.perf_counter()
+    try:
+        gen = Generator(program, machine, timing_only=True)
+    except LoadError as e:
+        case.status, case.reason = "not loaded", str(e)
+        return
+    t1 = time.perf_counter()
+    case.host["load_seconds"] = t1 - t0
+    tick(f"decode step at position {position}")
+    try:
+        gen.reset()
+        gen.n_past = position  # see the module docstring: cycles do not depend on the cache
+        gen.step(TOKEN_ID)
+    except LoadError as e:
+        case.status, case.reason = "run failed", str(e)
+        return
+    case.host["step_seconds"] = time.perf_counter() - t1
+    result = gen.last_result
+    stages = program.meta["compiler"]["stages"]
+    layer_s, by_part = critical_path(result, stage_of_pe(program, gen.loaded.pe_region), stages,
+                                     figures.layers, machine.clock_hz)
+    measure(case, figures, machine, dtype, result, layer_s, by_part)
+    case.status = "ok"
+
+
+def run_model(spec: ModelSpec, machines, dtype: str, max_context: int | None,
+              position: int | None, tick) -> list[Case]:
+    """The cases of one model: compile for every machine, then decode the same position."""
+    from isa.compiler.lower import CompileError
+    from isa.compiler.pipeline import load_graph
+
+    cases, compiled = [], {}
+    for m in machines:
+        case = Case(spec.name, m.name)
+        tick.show(case, "compiling")
+        _reset_peak_rss()
+        t0 = time.perf_counter()
+        program, report, ctx = compile_case(spec, m, dtype, max_context)
+        case.host["compile_seconds"] = time.perf_counter() - t0
+        case.host["peak_rss_bytes"] = peak_rss_bytes()
+        if program is None and is_hbm(m):
+            # No HBM compiler target yet: show what physics allows that machine (every weight
+            # streamed once a token at peak bandwidth), marked as a bound, never as a run.
+            case.status, case.reason = "bound", report
+        elif program is None:
+            case.status, case.reason = "not compiled", report
+        else:
+            case.max_context, case.pes = ctx, report.pes
+            compiled[m.name] = program
+        cases.append(case)
+        tick.advance()
+    try:
+        figures = model_figures(load_graph(spec.folder, shape_only=True))
+    except CompileError as e:
+        raise BenchError(f"{spec.name}: {e}") from None
+    for m, case in zip(machines, cases):
+        if case.status == "bound":
+            bound_case(case, figures, m, dtype)
+    if not compiled:
+        for _ in cases:
+            tick.advance()
+        return cases
+    contexts = [c.max_context for c in cases if c.max_context]
+    pos = min(contexts) - 1 if position is None else position
+    for m, case in zip(machines, cases):
+        program = compiled.pop(m.name, None)
+        if program is not None:
+            case.position = pos
+            if pos >= case.max_context:
+                case.status = "run failed"
+                case.reason = f"position {pos} is outside max_context {case.max_context}"
+            else:
+                tick.show(case, f"loading (max_context {case.max_context})")
+                _reset_peak_rss()
+                run_case(case, m, dtype, program, pos, figures,
+                         lambda what, c=case: tick.show(c, what))
+                del program
+                case.host["peak_rss_bytes"] = max(case.host["peak_rss_bytes"], peak_rss_bytes())
+        tick.advance()
+    return cases
+
+
+def run_suite(models, machines, dtype: str = "bf16", max_context: int | None = None,
+              position: int | None = None, progress=None, command: str = "") -> dict:
+    """Every model on every machine: the JSON-able suite {"meta": ..., "cases": [...]}.
+
+    models: built-in names or HF config.json paths; machines: preset names, files or Machine
+    objects. progress(done, total, label) is called as the cases advance (a progress bar)."""
+    from emulator.machine import load_machine
+
+    if dtype not in DTYPE_BYTES:
+        raise BenchError(f"dtype {dtype!r} is not supported (fp32, fp16, bf16)")
+    machines = [load_machine(m) if isinstance(m, str) else m for m in machines]
+    if not machines:
+        raise BenchError("no machines to benchmark on")
+    t_start = time.perf_counter()
+    cases: list[Case] = []
+    with tempfile.TemporaryDirectory(prefix="wse-emu-bench-") as workdir:
+        specs = model_specs(models, Path(workdir))
+        tick = _Ticker(progress, 2 * len(specs) * len(machines))  # compile + run a case
+        for spec in specs:
+            for case in run_model(spec, machines, dtype, max_context, position, tick):
+                case.host["case_seconds"] = sum(v for k, v in case.host.items()
+                                                if k.endswith("_seconds"))
+                cases.append(case)
+    return {
+        "meta": {"command": command, "dtype": dtype, "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+                 "host": f"{platform.machine()}, {_cpus()} CPUs, Python "
+                         f"{platform.python_version()}",
+                 "host_seconds": time.perf_counter() - t_start,
+                 # the per-case windows reset the kernel's high-water mark (and so ru_maxrss)
+                 "peak_rss_bytes": max([peak_rss_bytes()] + [c.host.get("peak_rss_bytes", 0)
+                                                             for c in cases]),
+                 "token_id": TOKEN_ID, "batch": 1, "batch_sweep": BATCH_NOTE,
+                 "machines": [machine_json(m) for m in machines]},
+        "cases": [c.to_json() for c in cases],
+    }
+
+
+def _reset_peak_rss() -> None:
+    """Start a new peak-RSS window (Linux: writing 5 to clear_refs resets VmHWM)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident set since the last reset (VmHWM), else since it started."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class _Ticker:
+    """Counts the suite's phases (a compile, a run per case) for the progress callback."""
+
+    def __init__(self, progress, total: int):
+        self.progress, self.total, self.done = progress, total, 0
+
+    def show(self, case: Case, what: str) -> None:
+        if self.progress:
+            self.progress(self.done, self.total, f"{case.model} on {case.machine}: {what}")
+
+    def advance(self) -> None:
+        self.done += 1
+        if self.progress:
+            self.progress(self.done, self.total, "")
+
+
+def _cpus() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def machine_json(m) -> dict:
+    return {"name": m.name, "kind": m.kind, "pes": m.pes, "clock_hz": m.clock_hz,
+            "peak_flops": peak_flops(m), "sram_bytes_per_pe": m.sram_bytes,
+            "hbm_bytes": m.hbm_bytes, "hbm_bandwidth": m.hbm_bandwidth,
+            "hbm_efficiency": m.hbm_efficiency,
+            "memory_bandwidth": m.hbm_bandwidth if is_hbm(m) else sram_read_bandwidth(m),
+            "memory": "HBM" if is_hbm(m) else "resident SRAM (FMAC read rate)"}
+
+
+

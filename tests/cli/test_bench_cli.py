@@ -1,0 +1,242 @@
+"""`wse-emu bench` on tiny models: the files it writes and the properties of its numbers.
+
+Two tiny models (a GPT-2 config passed as a loose file, a Llama config passed as a folder) on
+the wafer (resident weights, emulated) and on an HBM machine, which the compiler cannot target
+yet: its row is the bandwidth bound (weight bytes / peak HBM bandwidth), labelled as a bound.
+The checks are what a wrong suite or a wrong emulator would break: tokens/s is 1 / time per
+token, the FLOPs and weight bytes are the ones the shapes imply, the wafer reads nothing from
+HBM, every result is above its physics floors, and a time under a floor is flagged as an
+emulator bug.
+"""
+
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from emulator.benchreport import markdown, violations
+from emulator.benchsuite import (CONTEXT_LADDER, Case, ModelFigures, critical_path,
+                                 machine_json, measure, model_figures, peak_flops)
+from emulator.machine import load_machine
+
+GPT2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 64, "n_layer": 2,
+        "n_head": 4, "n_positions": 64, "vocab_size": 256, "activation_function": "gelu_new"}
+LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+         "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 2048,
+         "rope_theta": 10000.0, "tie_word_embeddings": False, "hidden_act": "silu"}
+MESH, HBM = "wse3", "h100"
+
+
+def gpt2_matrix_elements(c) -> int:
+    h = c["n_embd"]
+    return c["n_layer"] * (3 * h * h + h * h + 4 * h * h + 4 * h * h) + c["vocab_size"] * h
+
+
+def llama_matrix_elements(c) -> int:
+    h, i = c["hidden_size"], c["intermediate_size"]
+    hd = h // c["num_attention_heads"]
+    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
+    per_layer = h * q + 2 * h * kv + q * h + 3 * h * i
+    return c["num_hidden_layers"] * per_layer + c["vocab_size"] * h  # untied LM head
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory, cli):
+    root = tmp_path_factory.mktemp("bench")
+    (root / "gpt2-tiny.json").write_text(json.dumps(GPT2))
+    (root / "llama-tiny").mkdir()
+    (root / "llama-tiny" / "config.json").write_text(json.dumps(LLAMA))
+    out = cli("bench", "--models", "gpt2-tiny.json,llama-tiny", "--machines", MESH,
+              "--machines", HBM, "-o", "res", cwd=root)
+    assert out.code == 0, out.stderr
+    suite = json.loads((root / "res" / "bench.json").read_text())
+    cases = {(c["model"], c["machine"]): c for c in suite["cases"]}
+    return SimpleNamespace(root=root, out=out, suite=suite, cases=cases)
+
+
+def test_writes_the_table_the_json_and_the_plots(bench):
+    res = bench.root / "res"
+    assert "Traceback" not in bench.out.stderr
+    table = (res / "bench.md").read_text()
+    assert table.strip() in bench.out.stdout  # what it prints is what it wrote
+    for png in ["tokens_per_second.png", f"roofline-{MESH}.png", f"roofline-{HBM}.png"]:
+        assert (res / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+    assert f"wrote {res.name}/bench.md" in bench.out.stderr
+    assert "[4/8]" in bench.out.stderr  # progress: a compile and a run per case
+    assert bench.suite["meta"]["command"].startswith("wse-emu bench --models gpt2-tiny.json")
+    assert set(bench.cases) == {(m, k) for m in ("gpt2-tiny", "llama-tiny") for k in (MESH, HBM)}
+
+
+def test_every_case_runs_and_its_times_agree(bench):
+    for (model, machine), c in bench.cases.items():
+        f = c["figures"]
+        assert f["tokens_per_second"] * f["seconds_per_token"] == pytest.approx(1.0, rel=1e-12)
+        if machine == HBM:
+            continue
+        assert c["status"] == "ok", (model, machine, c["reason"])
+        clock = load_machine(machine).clock_hz
+        assert f["seconds_per_token"] == pytest.approx(f["cycles_per_token"] / clock, rel=1e-12)
+        layers = 2
+        assert 0 < f["seconds_per_layer"] * layers <= f["seconds_per_token"] * (1 + 1e-12)
+        assert c["host"]["step_seconds"] > 0 and c["host"]["peak_rss_bytes"] > 0
+    assert bench.suite["meta"]["peak_rss_bytes"] >= max(
+        c["host"]["peak_rss_bytes"] for c in bench.cases.values())
+    for model in ("gpt2-tiny", "llama-tiny"):  # the mesh's critical path adds up to the token
+        f = bench.cases[model, MESH]["figures"]
+        assert f["layer_time_measured"] and len(f["layer_seconds"]) == 2
+        assert sum(f["critical_path_seconds"].values()) == pytest.approx(f["seconds_per_token"])
+        assert set(f["critical_path_seconds"]) == {"embed", "vector", "gemv", "attn", "head"}
+
+
+def test_flops_and_weight_bytes_are_counted_from_the_shapes(bench):
+    for model, config, elements in (("gpt2-tiny", GPT2, gpt2_matrix_elements(GPT2)),
+                                    ("llama-tiny", LLAMA, llama_matrix_elements(LLAMA))):
+        heads = config.get("n_head", config.get("num_attention_heads"))
+        hidden = config.get("n_embd", config.get("hidden_size"))
+        c = bench.cases[model, MESH]
+        seen = c["position"] + 1
+        attention = 2 * 4 * heads * (hidden // heads) * seen  # 2 layers, q.k and p.v
+        assert c["figures"]["flops_per_token"] == 2 * elements + attention
+        for machine in (MESH, HBM):
+            assert bench.cases[model, machine]["figures"]["weight_bytes_per_token"] == 2 * elements
+
+
+def test_the_hbm_machine_is_a_labelled_bandwidth_bound_not_a_run(bench):
+    m = load_machine(HBM)
+    for model in ("gpt2-tiny", "llama-tiny"):
+        c = bench.cases[model, HBM]
+        f = c["figures"]
+        assert c["status"] == "bound" and f["bound"] is True
+        assert "no HBM target" in c["reason"] and "max_context" not in c["reason"]
+        assert f["seconds_per_token"] == pytest.approx(f["weight_bytes_per_token"] / m.hbm_bandwidth)
+        assert f["achievable_seconds_per_token"] == pytest.approx(
+            f["seconds_per_token"] / m.hbm_efficiency)
+        assert "cycles_per_token" not in f and c["checks"] == []
+
+
+def test_the_wafer_reads_nothing_from_hbm_and_stays_above_its_floors(bench):
+    m = load_machine(MESH)
+    for model in ("gpt2-tiny", "llama-tiny"):
+        c = bench.cases[model, MESH]
+        f = c["figures"]
+        assert f["hbm_read_bytes_per_token"] == f["hbm_write_bytes_per_token"] == 0
+        assert f["hbm_utilisation"] is None
+        assert f["seconds_per_token"] >= f["flops_per_token"] / peak_flops(m)
+        assert f["cycles_per_token"] >= f["hottest_link_wavelets"] > 0
+        assert 0 < f["link_utilisation_mean"] <= f["link_utilisation_max"] <= 1
+        assert f["fabric_link_bytes_per_token"] >= f["fabric_bytes_sent_per_token"] > 0
+        assert [x["name"] for x in c["checks"]] == ["SIMD", "link"]
+    assert all(x["ok"] for c in bench.suite["cases"] for x in c["checks"])
+    assert violations(bench.suite) == []
+
+
+def test_the_wafer_decodes_the_last_position_its_context_holds(bench):
+    mesh = bench.cases["llama-tiny", MESH]
+    assert mesh["max_context"] in CONTEXT_LADDER
+    assert mesh["position"] == mesh["max_context"] - 1
+    # GPT-2's learned positions cap its context at n_positions
+    assert bench.cases["gpt2-tiny", MESH]["max_context"] <= GPT2["n_positions"]
+
+
+def test_the_table_has_a_row_a_case_with_its_floors(bench):
+    table = (bench.root / "res" / "bench.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "tiny |" in line]
+    assert len(rows) == 2 * 4  # results and host cost
+    for c in bench.suite["cases"]:
+        row = next(r for r in rows if r.startswith(f"| {c['model']} | {c['machine']} | "))
+        rate = f"{c['figures']['tokens_per_second']:,.0f}"
+        if c["machine"] == HBM:
+            assert f"<= {rate} (bound)" in row
+        else:
+            assert rate in row and row.endswith(": ok |")
+    assert "batch > 1 is not supported by this compiler yet" in table
+    assert "Resident weights vs HBM streaming" in table
+    for model in ("gpt2-tiny", "llama-tiny"):
+        ratio = (bench.cases[model, MESH]["figures"]["tokens_per_second"]
+                 / bench.cases[model, HBM]["figures"]["tokens_per_second"])
+        line = next(t for t in table.splitlines() if t.startswith(f"- {model}: {MESH}"))
+        assert f"= {ratio:.3g}x" in line and "(bound, not emulated)" in line
+
+
+def test_a_model_the_machine_cannot_hold_is_a_row_not_a_crash(cli, tmp_path):
+    (tmp_path / "gpt2-tiny.json").write_text(json.dumps(GPT2))
+    out = cli("bench", "--models", "gpt2-tiny.json", "--machines", "tiny", "-o", "r",
+              cwd=tmp_path)
+    assert out.code == 0 and "Traceback" not in out.stderr, out.stderr
+    (case,) = json.loads((tmp_path / "r" / "bench.json").read_text())["cases"]
+    assert case["status"] == "not compiled" and "machine 'tiny'" in case["reason"]
+    assert "\n" not in case["reason"]
+    assert "| gpt2-tiny | tiny | - | - | not compiled [1] |" in out.stdout
+    assert "[1] gpt2-tiny on tiny: max_context 16: " in out.stdout
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("--models", "gpt5"), "unknown model 'gpt5': built-in models are gpt2-small"),
+    (("--models", "bad.json"), "bad.json: not valid JSON"),
+    (("--models", "empty"), "empty: no config.json in this folder"),
+    (("--models", "gpt2-small", "--machines", "wse9"), "unknown machine 'wse9'"),
+])
+def test_user_errors_are_one_line(cli, user_error, tmp_path, args, fragment):
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "empty").mkdir()
+    user_error(cli("bench", *args, "-o", "r", cwd=tmp_path), fragment)
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_time_under_a_floor_is_flagged_as_an_emulator_bug():
+    m = load_machine("h100")
+    figures = ModelFigures("gpt2", 2, 10**9, 10**9, ((4, 16), (4, 16)))
+    case = Case("m", "h100", status="ok", max_context=16, position=3)
+    # 10,000 cycles (5 us) for 2 GB of bf16 weights: far under weight bytes / HBM bandwidth
+    # (600 us), above FLOPs / peak (2 us), and under the 20,000 cycles a link needs for
+    # 20,000 wavelets
+    result = SimpleNamespace(cycles=10_000, hbm_read_bytes=2 * 10**9, hbm_write_bytes=0,
+                             link_wavelets=np.array([0, 5, 20_000]), wavelets=7, wavelet_hops=9)
+    measure(case, figures, m, "bf16", result, None)
+    failed = {c["name"] for c in case.checks if not c["ok"]}
+    assert failed == {"HBM weights", "HBM moved", "link"}
+    assert case.figures["flops_per_token"] == 2e9 + 2 * 4 * 4 * 16 * 4
+    suite = {"meta": {"dtype": "bf16", "date": "d", "host": "h", "command": "", "batch": 1,
+                      "batch_sweep": "b", "host_seconds": 1.0, "peak_rss_bytes": 1,
+                      "machines": [machine_json(m)]},
+             "cases": [case.to_json()]}
+    lines = violations(suite)
+    assert len(lines) == 3 and all(line.startswith("m on h100: ") for line in lines)
+    assert "**VIOLATION (HBM weights, HBM moved, link): emulator bug**" in markdown(suite)
+
+
+def test_the_critical_path_is_a_running_maximum_over_the_stage_chain():
+    stages = [{"kind": "embed", "layer": -1}, {"kind": "gemv", "layer": 0},
+              {"kind": "attn", "layer": 0}, {"kind": "vector", "layer": 1},
+              {"kind": "gemv", "layer": 2}]
+    stage_of = np.array([0, 0, 1, 2, 2, 3, 4])
+    clock = np.array([5, 10, 30, 25, 28, 20, 60])  # stage 3 halts before stage 2: share 0
+    per_layer, by_part = critical_path(SimpleNamespace(clock=clock), stage_of, stages, 2, 10.0)
+    assert per_layer == [2.0, 0.0]  # (30 - 10) / 10 Hz; layer 1 adds nothing
+    assert by_part == {"embed": 1.0, "gemv": 2.0, "attn": 0.0, "vector": 0.0, "head": 3.0}
+    assert critical_path(SimpleNamespace(clock=clock), None, stages, 2, 10.0) == (None, None)
+
+
+def test_model_figures_count_a_tied_head_once(tmp_path):
+    from isa.compiler.pipeline import load_graph
+
+    folder = tmp_path / "g"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(GPT2))
+    f = model_figures(load_graph(folder, shape_only=True))
+    assert f.matrix_elements == gpt2_matrix_elements(GPT2)
+    assert f.flops(0) == 2 * f.matrix_elements + 2 * 4 * 64 * 1
+    assert f.params > f.matrix_elements  # the embeddings, biases and norms are weights too
+    assert math.isclose(f.flops(9) - f.flops(0), 2 * 4 * 64 * 9)
+
+
+def test_compiling_for_an_hbm_machine_is_refused_in_one_line(cli, user_error, tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(GPT2))
+    out = cli("compile", "m", "--machine", HBM, "--shape-only", "-o", "m.bin", cwd=tmp_path)
+    user_error(out, f"machine '{HBM}' streams weights from HBM, and the compiler has no HBM "
+                    f"target yet")
+    assert not (tmp_path / "m.bin").exists()
