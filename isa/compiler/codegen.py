@@ -17,7 +17,8 @@ from isa.compiler.codegen_attn import AttentionCodegen
 from isa.compiler.emit import (I32, PR, QR, ZF, ZR, Labels, at, drop, forward, mem, parity,
                                positions, recv, send, stage_position)
 from isa.compiler.lower import CompileError, Flow, Plan, Stage
-from isa.compiler.placement import WEIGHT_BYTES, Placed, table_rows
+from isa.compiler.placement import (WEIGHT_BYTES, Placed, table_rows, vector_layout,
+                                    vector_params_bytes)
 
 
 class Codegen(AttentionCodegen):
@@ -222,16 +223,26 @@ class Codegen(AttentionCodegen):
     def vector(self, s: Stage, p: Placed) -> None:
         T = self.T
         rb = self.region(s, "", p.rect.x, p.rect.y, 1, 1)
-        bufs = {name: rb.alloc(name, n * T * 4) for name, n in s.buffers.items()}  # (T, n)
+        alias, fused = vector_layout(s)  # in-place results, one flow read from the fabric
+        fused_buf = s.flow_buffer[fused] if fused is not None else None
+        bufs = {name: rb.alloc(name, n * T * 4) for name, n in s.buffers.items()  # (T, n)
+                if name not in alias and name != fused_buf}
+        for name, home in alias.items():
+            bufs[name] = bufs[home]
+        pdtype = self.dtype  # norm weights in the model's weight dtype (fp32 arithmetic)
         params = {}
         for op in s.ops:
             for wname in op[3].get("params", ()):
                 if wname not in params:
                     n = s.attrs["hidden"]
-                    params[wname] = rb.alloc(wname.replace(".", "_"), n * 4)
+                    params[wname] = rb.alloc(wname.replace(".", "_"),
+                                             n * vector_params_bytes(pdtype))
                     ref = self.plan.graph.weights[wname]
-                    self.load(rb, ref, params[wname], (n, 1), 0, 0, "F", dtype="f32")
+                    self.load(rb, ref, params[wname], (n, 1), 0, 0, "F", dtype=pdtype)
+        self.param_dtype = pdtype
         for fid in s.in_flows:
+            if fid == fused:
+                continue
             f = self.flow(fid)
             mem(rb, "d1", bufs[s.flow_buffer[fid]], f.length * T)
             recv(rb, "d1", f.color, f.length * T)
@@ -239,8 +250,12 @@ class Codegen(AttentionCodegen):
             n = s.buffers[dst]
             if kind == "add":  # every position at once
                 mem(rb, "d1", bufs[dst], n * T)
-                mem(rb, "d2", bufs[srcs[0]], n * T)
-                mem(rb, "d3", bufs[srcs[1]], n * T)
+                operands = ["d2", "d3"]
+                for d, b in zip(operands, srcs):
+                    if b == fused_buf:  # this flow straight from the fabric
+                        rb.dfin(d, "f32", self.flow(fused).color, n * T)
+                    else:
+                        mem(rb, d, bufs[b], n * T)
                 rb.vadd("d1", "d2", "d3")
                 continue
             positions(rb, self.labels, T, [n * 4],
@@ -275,10 +290,10 @@ class Codegen(AttentionCodegen):
         rb.fadd("f2", "f2", "f8")
         rb.frsqrt("f3", "f2")
         rb.vmuls("d1", "d1", "f3")
-        mem(rb, "d3", params[attrs["params"][0]], n)
+        mem(rb, "d3", params[attrs["params"][0]], n, self.param_dtype)
         rb.vmul("d1", "d1", "d3")
         if kind == "layernorm":
-            mem(rb, "d3", params[attrs["params"][1]], n)
+            mem(rb, "d3", params[attrs["params"][1]], n, self.param_dtype)
             rb.vadd("d1", "d1", "d3")
 
     # -- embed ----------------------------------------------------------------------------------

@@ -162,7 +162,8 @@ def test_the_table_has_a_row_a_case_with_its_floors(bench):
 
 
 def test_a_model_the_machine_cannot_hold_is_a_row_not_a_crash(cli, tmp_path):
-    (tmp_path / "gpt2-tiny.json").write_text(json.dumps(GPT2))
+    big = dict(GPT2, n_embd=256, n_layer=4, vocab_size=1024)  # 473 PEs; tiny has 64
+    (tmp_path / "gpt2-tiny.json").write_text(json.dumps(big))
     out = cli("bench", "--models", "gpt2-tiny.json", "--machines", "tiny", "-o", "r",
               cwd=tmp_path)
     assert out.code == 0 and "Traceback" not in out.stderr, out.stderr
