@@ -61,3 +61,20 @@ def test_a_vector_stage_too_big_for_one_pe_is_refused_at_compile_time(tmp_path):
     with pytest.raises(CompileError, match=r"vector stage keeps its 128-element vectors .* "
                                            r"but a PE has 4096"):
         compile_model(path, small, max_context=16)
+
+
+def test_the_llama_3_8b_shape_fits_one_wse3(tmp_path):
+    """The issue's full-size model: 474,753 PEs in strips (bands would need 2306 rows), every
+    vector stage within one PE's SRAM."""
+    import json
+
+    from emulator.benchsuite import BUILTIN_MODELS
+
+    (tmp_path / "config.json").write_text(json.dumps(BUILTIN_MODELS["llama-3-8b"]))
+    wse3 = load_machine("wse3")
+    program, report = compile_model(tmp_path, wse3, dtype="bf16", max_context=16,
+                                    shape_only=True)
+    assert report.pes == sum(r.rect.w * r.rect.h for r in program.regions) > 400_000
+    assert max(r.rect.x + r.rect.w for r in program.regions) <= wse3.width
+    assert max(r.rect.y + r.rect.h for r in program.regions) <= wse3.height
+    assert report.sram_max <= wse3.sram_bytes
