@@ -17,21 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.conftest import best_of
 from emulator.core import run
 from emulator.load import load, write_input
 from emulator.machine import load_machine
 from programs.conftest import build
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def best_of(fn, rounds: int = 5) -> float:
-    times = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
 
 
 @pytest.mark.parametrize("n,pes", [(4096, 64), (16384, 256)], ids=["4096-64x64", "16384-256x256"])

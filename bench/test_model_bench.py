@@ -26,21 +26,13 @@ import time
 import numpy as np
 import pytest
 
+from bench.conftest import best_of
 from emulator.benchsuite import BUILTIN_MODELS
 from emulator.machine import load_machine
 from isa.compiler.pipeline import compile_model, load_graph
 from isa.graph_numpy import GraphRunner
 
 TOKEN = 1
-
-
-def best_of(fn, rounds: int = 3) -> float:
-    times = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
 
 
 def config_folder(root, name: str, config: dict):
@@ -92,7 +84,7 @@ def test_llama_8b_timing_only_decode_vs_numpy(benchmark, tmp_path):
         runner.n_past = position
         return runner.decode(TOKEN)
 
-    numpy_s = best_of(numpy_decode)
+    numpy_s = best_of(numpy_decode, rounds=3)
     del runner
     gc.collect()
 
@@ -159,7 +151,7 @@ def test_gpt2_small_functional_decode_vs_numpy(benchmark, tmp_path):
         runner.n_past = position
         runner.decode(TOKEN)
 
-    numpy_s = best_of(numpy_decode)
+    numpy_s = best_of(numpy_decode, rounds=3)
     emu_s = benchmark.stats.stats.min
     cycles = int(gen.last_result.cycles)
     benchmark.extra_info.update(

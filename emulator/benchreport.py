@@ -29,22 +29,25 @@ def violations(suite: dict) -> list[str]:
     return out
 
 
-def fmt_seconds(s) -> str:
-    if s is None:
+def _scaled(value, units, small: str) -> str:
+    """value in the first of (unit, scale) it reaches, 3 significant digits; `small` (already
+    formatted) when it is below them all; None is "-"."""
+    if value is None:
         return "-"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if s >= scale:
-            return f"{s / scale:.3g} {unit}"
-    return f"{s / 1e-9:.3g} ns"
+    for unit, scale in units:
+        if value >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return small
+
+
+def fmt_seconds(s) -> str:
+    return _scaled(s, (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)), f"{s * 1e9:.3g} ns"
+                   if s is not None else "")
 
 
 def fmt_bytes(n) -> str:
-    if n is None:
-        return "-"
-    for unit, scale in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{int(n)} B"
+    return _scaled(n, (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)),
+                   f"{int(n)} B" if n is not None else "")
 
 
 def fmt_fraction(x) -> str:
