@@ -124,5 +124,15 @@ def describe(program: Program) -> str:
     if program.hbm_allocs:
         lines += _hbm_lines(program)
     if program.meta:
-        lines.append("meta: " + ", ".join(f"{k}={v!r}" for k, v in sorted(program.meta.items())))
+        lines.append("meta: " + ", ".join(f"{k}={_brief(v)}" for k, v in sorted(program.meta.items())))
     return "\n".join(lines) + "\n"
+
+
+def _brief(value) -> str:
+    """A metadata value for one line: scalars as they are, a list as its length (a compiler's
+    stage table has hundreds of entries), a dict as its brief entries."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}={_brief(v)}" for k, v in sorted(value.items())) + "}"
+    if isinstance(value, (list, tuple)):
+        return repr(value) if len(repr(value)) <= 40 else f"[{len(value)} entries]"
+    return repr(value)

@@ -66,3 +66,10 @@ def test_describe_external_tensors_and_meta():
     text = describe(assemble(src))
     assert "external m.safetensors:w" in text and "bf16" in text and "32" in text
     assert "meta: source='hf'" in text and "1 tensor load(s), 0 inline" in text
+
+
+def test_long_metadata_is_summarised_on_one_line():
+    from isa.info import _brief
+
+    meta = {"dtype": "bf16", "stages": [{"name": f"s{i}"} for i in range(227)], "shape": [2, 3]}
+    assert _brief(meta) == "{dtype='bf16', shape=[2, 3], stages=[227 entries]}"
