@@ -26,12 +26,16 @@ import numpy as np
 
 from emulator.core_sched import R_CLOCK_LIMIT, R_CONTINUE, R_DONE, R_GROW, run_slice
 from emulator.core_state import (
-    K_FAULT_PE, K_FAULT_REASON, K_HEAP_N, K_HOPS, K_INSTR_TOTAL, K_MESSAGES, K_OUTCOME, K_TRACE_N,
-    K_WAVELETS, L_WAVELETS, MP_PE_BITS, P_BPSTALL, P_BUSY, P_CLOCK, P_INSTR, P_PC, P_RSTALL,
-    P_STATUS, P_WAIT, State, max_clock)
+    H_BUSY, HBM_TICKS, K_FAULT_PE, K_FAULT_REASON, K_HBM_READ, K_HBM_WRITE, K_HEAP_N, K_HOPS,
+    K_INSTR_TOTAL, K_MESSAGES, K_OUTCOME, K_TRACE_N, K_WAVELETS, L_WAVELETS, MP_PE_BITS,
+    P_BPSTALL, P_BUSY, P_CLOCK, P_DMASTALL, P_INSTR, P_PC, P_RSTALL, P_STATUS, P_TAG0, P_WAIT,
+    State, max_clock)
 from emulator.core_undo import restore_sram
 from emulator.load import Loaded, PageSnapshot
 from emulator.result import RUN_FAULT, RUN_MAX_CYCLES, RunResult
+from isa.spec import BY_MNEMONIC, N_DMA_TAGS
+
+OP_DMAST = BY_MNEMONIC["dmast"].opcode
 
 PROGRESS_SECONDS = 0.5
 FIRST_BUDGET = 1 << 20  # steps before the first return to the driver when reporting progress
@@ -75,11 +79,15 @@ def run(loaded: Loaded, max_cycles: int | None = None, trace: bool = False,
     if loaded.pe_stride >= 1 << 31:  # the core's address checks assume less (core_exec.FAR)
         raise ValueError(f"{loaded.pe_stride} bytes of SRAM per PE: the core supports < 2 GiB")
     unknown = PageSnapshot(loaded.unknown)  # timing-only: put back with the SRAM for a replay
+    # dmast writes HBM, which the undo log does not cover: keep a copy for a replay
+    hbm = loaded.hbm.copy() if loaded.hbm.size and (loaded.code_op == OP_DMAST).any() else None
     state = State(loaded, max_cycles, trace, trace, trace_cap)
     _drive(state, progress)
     if int(state.counters[K_OUTCOME]) == RUN_FAULT and not trace:
         restore_sram(state.sram_u16, state.undo, state.undo_data, state.counters)
         unknown.restore(loaded.unknown)
+        if hbm is not None:
+            loaded.hbm[:] = hbm
         state = State(loaded, max_cycles, True, trace, trace_cap)
         _drive(state, progress)
     result = _result(state, max_cycles)
@@ -116,7 +124,9 @@ def _drive(state: State, progress) -> None:
 def _result(state: State, max_cycles: int | None) -> RunResult:
     pe, k = state.pe, state.counters
     outcome = int(k[K_OUTCOME])
+    # DMAs still outstanding at the end finish after the last instruction
     cycles = int(pe[:, P_CLOCK].max(initial=0))
+    cycles = max(cycles, int(pe[:, P_TAG0:P_TAG0 + N_DMA_TAGS].max(initial=0)))
     if outcome == RUN_MAX_CYCLES:
         cycles = int(max_cycles)
     n_trace = int(k[K_TRACE_N])
@@ -129,4 +139,7 @@ def _result(state: State, max_cycles: int | None) -> RunResult:
         link_wavelets=state.link[:, L_WAVELETS].copy(), messages=int(k[K_MESSAGES]),
         wavelets=int(k[K_WAVELETS]), wavelet_hops=int(k[K_HOPS]),
         fault_pe=int(k[K_FAULT_PE]), fault_reason=int(k[K_FAULT_REASON]),
-        trace=[tuple(row) for row in state.trace[:n_trace].tolist()])
+        trace=[tuple(row) for row in state.trace[:n_trace].tolist()],
+        hbm_read_bytes=int(k[K_HBM_READ]), hbm_write_bytes=int(k[K_HBM_WRITE]),
+        dma_stall=pe[:, P_DMASTALL].copy(),
+        hbm_channel_busy=-(-state.hbm_ch[:, H_BUSY] // HBM_TICKS))

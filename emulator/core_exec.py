@@ -23,11 +23,14 @@ from emulator.core_state import (
     S_DFOUT, S_DIV, S_DLEN, S_DMEM, S_DSTRIDE, S_FADD, S_FDIV, S_FEXP, S_FILL, S_FLI, S_FLW, S_FMA,
     S_FMAX, S_FMIN, S_FMOV, S_FMUL, S_FRSQRT, S_FSQRT, S_FSUB, S_FSW, S_FTOI, S_HALT, S_ITOF, S_JMP,
     S_LI, S_LW, S_MATRIX, S_MOV, S_MUL, S_MULI, S_OR, S_RDOT, S_REM, S_RMAX, S_RSUM, S_SHLI, S_SHRI,
-    S_SLT, S_SUB, S_SW, S_TENSOR, S_XOR, V_CONVERT, V_F16, V_F32, V_MIXED, V_SPECIAL, X_FAULT)
-from emulator.core_undo import note_write
-from emulator.result import (F_ALIGN, F_COUNT, F_DEST_NOT_MEM, F_FABIN_DEST, F_FABOUT_SRC, F_OOB,
-                             F_SAME_COLOR, F_SCALAR_MEM, F_TARGET, F_TIMING_DATA, ST_HALT)
-from isa.spec import DSD_FABIN, DSD_FABOUT, DSD_MEM, DTYPES
+    S_SLT, S_SUB, S_SW, S_TENSOR, S_XOR, V_CONVERT, V_F16, V_F32, V_MIXED, V_SPECIAL, X_FAULT,
+    S_DMALD, S_DMAST, H_BUSY, H_FREE, HBM_TICKS, K_HBM_READ, K_HBM_WRITE, MP_HBM_BYTES,
+    MP_HBM_CH, MP_HBM_IL, MP_HBM_LAT, MP_ISSUE, MP_UNDO, P_DMASTALL, P_TAG0, X_GROW, X_OK)
+from emulator.core_undo import note_write, undo_fits
+from emulator.result import (F_ALIGN, F_COUNT, F_DEST_NOT_MEM, F_DMA_DESC, F_DMA_TAG,
+                             F_FABIN_DEST, F_FABOUT_SRC, F_HBM_RANGE, F_OOB, F_SAME_COLOR,
+                             F_SCALAR_MEM, F_TARGET, F_TIMING_DATA, ST_HALT)
+from isa.spec import DSD_FABIN, DSD_FABOUT, DSD_MEM, DTYPES, N_DMA_TAGS
 from kernels import scalar
 from kernels.access import gather, scatter
 from kernels.convert import f32_from_bits
@@ -451,3 +454,117 @@ def finish_chunk(p, cls, k, n, start, end, pe, mp, trace, counters):
         pe[p, P_INSTR] += 1
         counters[K_CLASS0 + cls] += 1
         counters[K_INSTR_TOTAL] += 1
+
+
+# ---------------------------------------------------------------------------------------------
+# DMA between HBM and SRAM (docs/timing-model.md, HBM and DMA; emulator/reference.py dma_op).
+
+
+@njit(cache=True, inline="always")
+def is_dma(sem):
+    """dmald / dmast: they reserve the shared HBM channels, so they run in (clock, PE) order."""
+    return sem == S_DMALD or sem == S_DMAST
+
+
+@njit(cache=True)
+def hbm_reserve(t0, addr, nbytes, mp, hbm_ch, rate):
+    """Reserve the HBM channels for bytes [addr, addr + nbytes) of a request leaving at cycle
+    t0 (first come first served, in ticks); the cycle the transfer is complete."""
+    if nbytes == 0:
+        return t0
+    channels, il = mp[MP_HBM_CH], mp[MP_HBM_IL]
+    b0, b1 = addr // il, (addr + nbytes - 1) // il
+    full = b1 - b0 - 1
+    last = np.int64(0)
+    for ch in range(channels):
+        if b0 == b1:
+            n_c = nbytes if b0 % channels == ch else 0
+        else:
+            n_c = 0
+            if b0 % channels == ch:
+                n_c += (b0 + 1) * il - addr
+            if b1 % channels == ch:
+                n_c += addr + nbytes - b1 * il
+            if full > 0:
+                j = (ch - (b0 + 1)) % channels  # block b0 + 1 + j is this channel's first
+                if j < full:
+                    n_c += (full // channels + (1 if j < full % channels else 0)) * il
+        if n_c == 0:
+            continue
+        dur = np.int64(np.ceil(np.float64(n_c) * np.float64(HBM_TICKS) / rate))
+        s_c = max(t0 * HBM_TICKS, hbm_ch[ch, H_FREE])
+        hbm_ch[ch, H_FREE] = s_c + dur
+        hbm_ch[ch, H_BUSY] += dur
+        last = max(last, s_c + dur)
+    return (last + HBM_TICKS - 1) // HBM_TICKS + mp[MP_HBM_LAT]
+
+
+@njit(cache=True)
+def exec_dma(p, sem, a, b, tag, cls, pe, ireg, dsd, sram_u16, unknown, undo, undo_data, mp,
+             trace, counters, hbm, hbm_ch, hbm_rate):
+    """dmald / dmast: check (the reference's order), copy the raw bytes at once (functional),
+    reserve the channels, note the tag's completion; an X_* code."""
+    if tag >= N_DMA_TAGS:
+        return _fault(pe, p, F_DMA_TAG)
+    if dsd[p, a, D_KIND] != DSD_MEM or dsd[p, a, D_STRIDE] != 1 or \
+            not (dsd[p, a, D_COUNT] == 1 or dsd[p, a, D_CSTRIDE] == dsd[p, a, D_LEN]):
+        return _fault(pe, p, F_DMA_DESC)
+    n = elements(dsd, p, a)
+    if n < 0:
+        return _fault(pe, p, F_COUNT)
+    f = check_mem(dsd, p, a, pe[p, P_SRAM_LEN])
+    if f:
+        return _fault(pe, p, f)
+    size = 4 if dsd[p, a, D_DTYPE] == DT_F32 else 2
+    nbytes = n * size
+    addr = ireg[p, b]
+    if addr < 0 or addr > mp[MP_HBM_BYTES] or addr % size != 0 or \
+            addr + nbytes > mp[MP_HBM_BYTES]:
+        return _fault(pe, p, F_HBM_RANGE)
+    lo = dsd[p, a, D_ADDR]
+    timing = mp[MP_TIMING] != 0
+    if sem == S_DMALD and not timing and mp[MP_UNDO] and \
+            not undo_fits(p, lo, lo + nbytes, pe, undo, undo_data, counters):
+        return X_GROW
+    if not room_for_trace(mp, trace, counters):
+        return X_GROW
+    if sem == S_DMALD:
+        if timing:
+            mark_unknown(unknown, pe, p, dsd, a, 0, n)
+        else:
+            note_write(p, lo, lo + nbytes, pe, sram_u16, undo, undo_data, counters, mp)
+            w = (pe[p, P_SRAM0] + lo) // 2
+            for i in range(nbytes // 2):
+                sram_u16[w + i] = np.uint16(hbm[addr + 2 * i]) | \
+                    (np.uint16(hbm[addr + 2 * i + 1]) << np.uint16(8))
+        counters[K_HBM_READ] += nbytes
+    else:
+        if not timing:
+            w = (pe[p, P_SRAM0] + lo) // 2
+            for i in range(nbytes // 2):
+                v = sram_u16[w + i]
+                hbm[addr + 2 * i] = np.uint8(v & 0xFF)
+                hbm[addr + 2 * i + 1] = np.uint8(v >> 8)
+        counters[K_HBM_WRITE] += nbytes
+    start = pe[p, P_CLOCK]
+    t0 = start + mp[MP_ISSUE]
+    pe[p, P_CLOCK] = t0
+    pe[p, P_BUSY] += mp[MP_ISSUE]
+    done = hbm_reserve(t0, addr, nbytes, mp, hbm_ch, hbm_rate[0])
+    if done > pe[p, P_TAG0 + tag]:
+        pe[p, P_TAG0 + tag] = done
+    finish_chunk(p, cls, 0, 0, start, t0, pe, mp, trace, counters)
+    return X_OK
+
+
+@njit(cache=True, inline="always")
+def exec_dmawait(p, tag, cost, pe):
+    """dmawait: 0, or the fault; the wait beyond the instruction's own cost is a DMA stall
+    (the caller adds the cost)."""
+    if tag >= N_DMA_TAGS:
+        return F_DMA_TAG
+    wait = pe[p, P_TAG0 + tag] - (pe[p, P_CLOCK] + cost)
+    if wait > 0:
+        pe[p, P_DMASTALL] += wait
+        pe[p, P_CLOCK] += wait
+    return 0

@@ -1,7 +1,8 @@
 """The scheduler of the Numba core (docs/timing-model.md section 7).
 
 The runnable PE with the smallest (clock, PE index) executes next. Only fabric operations (a
-tensor op with a fabric input or a fabric output) touch state another PE can see, so in the
+tensor op with a fabric input or a fabric output) and DMA requests (dmald, dmast: they reserve
+the shared HBM channels) touch state another PE can see, so in the
 default mode a PE that comes first executes its fabric operation and then runs ahead through
 its local instructions up to its next fabric operation: one heap update per fabric operation
 instead of one per instruction, with the same results as the strict order. A fault found while
@@ -27,13 +28,14 @@ import numpy as np
 from numba import njit
 from numba.extending import intrinsic
 
-from emulator.core_exec import exec_desc, exec_float, exec_int, is_fabric
+from emulator.core_exec import (exec_desc, exec_dma, exec_dmawait, exec_float, exec_int, is_dma,
+                                is_fabric)
 from emulator.core_fabric import heap_pop_top, heap_push, heap_replace_top, still_first
 from emulator.core_state import (
     C_A, C_B, C_C, C_CLASS, C_COST, C_IH, C_IL, C_IMM, C_SEM, K_CLASS0, K_FAULT_PE, K_FAULT_REASON,
     K_HEAP_N, K_INSTR_TOTAL, K_OUTCOME, MAX_KEY_BITS, MP_MAX_CYCLES, MP_PE_BITS, MP_STRICT, MP_UNDO,
     P_BUSY, P_CLOCK, P_CODE0, P_CODELEN, P_FABRIC, P_FAULT, P_INSTR, P_PC, P_SRAM_LEN, P_STATUS,
-    S_DESC,
+    S_DESC, S_DMA, S_DMAWAIT,
     S_FLOAT, S_FSW, S_MATRIX, S_SW, S_TENSOR, X_FAULT, X_GROW, X_OK, X_STOP)
 from emulator.core_tensor import matrix_op, tensor_op
 from emulator.core_undo import undo_fits
@@ -58,7 +60,7 @@ def _borrowed(typingctx, arr):
 @njit(cache=True, inline="always")
 def step(p, code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, unknown, undo, undo_data,
          mp, classes, tree_of, tree, tree_tmp, queue, link, dl, msg, payload, scratch, trace,
-         counters, wake, nwake):
+         counters, wake, nwake, hbm, hbm_ch, hbm_rate):
     """Execute PE p's next instruction (or chunk); returns (X_* code, PEs to wake)."""
     pc = pe[p, P_PC]
     if pc >= pe[p, P_CODELEN]:
@@ -74,11 +76,19 @@ def step(p, code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, unknown, un
                          mp, classes, tree_of, tree, tree_tmp, queue, link, dl, msg, payload,
                          scratch, trace, counters, wake, nwake)
     a, b, c, imm = code[at, C_A], code[at, C_B], code[at, C_C], code[at, C_IMM]
+    if is_dma(sem):
+        return exec_dma(p, sem, a, b, code[at, C_IL], code[at, C_CLASS], pe, ireg, dsd, sram_u16,
+                        unknown, undo, undo_data, mp, trace, counters, hbm, hbm_ch,
+                        hbm_rate), nwake
     if (sem == S_SW or sem == S_FSW) and mp[MP_UNDO] and \
             not undo_fits(p, 0, pe[p, P_SRAM_LEN], pe, undo, undo_data, counters):
         return X_GROW, nwake
     nxt = pc + 1
-    if sem >= S_DESC:
+    if sem == S_DMAWAIT:
+        f = exec_dmawait(p, code[at, C_IL], code[at, C_COST], pe)
+        if f:
+            nxt = -f
+    elif sem >= S_DESC:
         exec_desc(p, sem, a, b, c, imm, code[at, C_IL], code[at, C_IH], pe, ireg, dsd)
     elif sem >= S_FLOAT:
         nxt = exec_float(p, sem, a, b, c, imm, pc, pe, ireg, freg, sram_f32, sram_u16, unknown,
@@ -105,8 +115,8 @@ def _next_is_fabric(p, code, pe):
     if pc >= pe[p, P_CODELEN]:
         return False
     at = pe[p, P_CODE0] + pc
-    return is_fabric(code[at, C_SEM], code[at, C_A], code[at, C_B], code[at, C_C],
-                     pe[p, P_FABRIC])
+    return is_dma(code[at, C_SEM]) or is_fabric(code[at, C_SEM], code[at, C_A], code[at, C_B],
+                                                code[at, C_C], pe[p, P_FABRIC])
 
 
 @njit(cache=True)
@@ -123,7 +133,7 @@ def _finish(pe, counters):
 @njit(cache=True)
 def run_slice(code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, unknown, undo, undo_data,
               mp, classes, tree_of, tree, tree_tmp, queue, link, dl, msg, payload, heap, wake,
-              scratch, trace, counters, budget):
+              scratch, trace, counters, hbm, hbm_ch, hbm_rate, budget):
     """Run until the end (R_DONE, outcome in counters), `budget` steps (R_CONTINUE) or a
     request to grow (R_GROW)."""
     # borrowed here, in the function that runs the loop, so LLVM sees they have no owner
@@ -138,6 +148,7 @@ def run_slice(code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, unknown, 
                                      _borrowed(msg), _borrowed(payload))
     heap, wake, scratch, trace, counters = (_borrowed(heap), _borrowed(wake), _borrowed(scratch),
                                             _borrowed(trace), _borrowed(counters))
+    hbm, hbm_ch, hbm_rate = _borrowed(hbm), _borrowed(hbm_ch), _borrowed(hbm_rate)
     max_cycles = mp[MP_MAX_CYCLES]
     strict = mp[MP_STRICT] != 0
     bits = mp[MP_PE_BITS]
@@ -176,7 +187,8 @@ def run_slice(code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, unknown, 
                     break
             x, nwake = step(p, code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, unknown,
                             undo, undo_data, mp, classes, tree_of, tree, tree_tmp, queue, link,
-                            dl, msg, payload, scratch, trace, counters, wake, nwake)
+                            dl, msg, payload, scratch, trace, counters, wake, nwake, hbm, hbm_ch,
+                            hbm_rate)
             first = False
             if x == X_OK or x == X_STOP:
                 budget -= 1

@@ -17,7 +17,9 @@ import weakref
 import numpy as np
 
 from emulator.load import Loaded
-from isa.spec import COST_CLASSES, DTYPES, INSTRUCTIONS, N_DREGS, N_FREGS, SIMD_KEYS, simd_key
+from isa.spec import (COST_CLASSES, DTYPES, FIXED_CLASSES, INSTRUCTIONS, N_DMA_TAGS, N_DREGS,
+                      N_FREGS,
+                      SIMD_KEYS, simd_key)
 from kernels import elementwise as ew
 
 # ---------------------------------------------------------------------------------------------
@@ -31,6 +33,8 @@ S_FLOAT = 32  # first scalar-float id
  S_FLW, S_FSW, S_ITOF, S_FTOI) = range(S_FLOAT, S_FLOAT + 15)
 S_DESC = 64  # first descriptor id
 S_DMEM, S_DFIN, S_DFOUT, S_DSTRIDE, S_D2D, S_DADDR, S_DLEN = range(S_DESC, S_DESC + 7)
+S_DMA = 72  # first DMA id (dmald and dmast touch the shared HBM; dmawait is local)
+S_DMALD, S_DMAST, S_DMAWAIT = range(S_DMA, S_DMA + 3)
 S_TENSOR = 80  # first tensor id; operand roles follow from the id
 (S_UNARY, S_BINARY, S_BINSCALAR, S_FILL, S_FMA, S_RSUM, S_RMAX, S_RDOT) = range(S_TENSOR,
                                                                                 S_TENSOR + 8)
@@ -51,6 +55,7 @@ SEMANTICS = {
     "fsw": (S_FSW, 0), "itof": (S_ITOF, 0), "ftoi": (S_FTOI, 0),
     "dmem": (S_DMEM, 0), "dfin": (S_DFIN, 0), "dfout": (S_DFOUT, 0),
     "dstride": (S_DSTRIDE, 0), "d2d": (S_D2D, 0), "daddr": (S_DADDR, 0), "dlen": (S_DLEN, 0),
+    "dmald": (S_DMALD, 0), "dmast": (S_DMAST, 0), "dmawait": (S_DMAWAIT, 0),
     "vmov": (S_UNARY, ew.UN_MOV), "vexp": (S_UNARY, ew.UN_EXP),
     "vgelu": (S_UNARY, ew.UN_GELU_TANH), "vgelue": (S_UNARY, ew.UN_GELU_ERF),
     "vsilu": (S_UNARY, ew.UN_SILU), "vrsqrt": (S_UNARY, ew.UN_RSQRT),
@@ -80,10 +85,12 @@ N_CODE_COLS = 10
 # P_SRAM_LEN: its size, the footprint of its region: every address check's limit.
 # Timing-only mode: P_FTAINT has bit r set while f register r holds an unknown value (one
 # computed from data); unknown SRAM words are marked in State.unknown (Loaded.unknown).
+# P_DMASTALL: cycles waited in dmawait; P_TAG0 + t: the cycle DMA tag t's transfers complete.
 (P_PC, P_CLOCK, P_STATUS, P_WAIT, P_DONE, P_INSTR, P_BUSY, P_RSTALL, P_BPSTALL, P_FAULT,
  P_CODE0, P_CODELEN, P_HULL_LO, P_HULL_HI, P_FABRIC, P_SRAM0, P_SRAM_LEN,
- P_FTAINT) = range(18)
-N_PE_COLS = 18
+ P_FTAINT, P_DMASTALL) = range(19)
+P_TAG0 = 19
+N_PE_COLS = P_TAG0 + N_DMA_TAGS
 FABOUT_BIT = N_DREGS
 
 # Descriptor fields (dsd[pe, reg, field]), as in emulator/reference.py.
@@ -122,9 +129,15 @@ MAX_KEY_BITS = 62
 # Run parameters (int64 vector).
 # MP_UNDO: log the original contents of written SRAM (for a replay in strict order).
 # MP_TIMING: timing-only mode (no data moves or is computed; cycles as in functional mode).
+# MP_HBM_*: the program's HBM size (the DMA range limit), latency, channels and interleave.
 (MP_ISSUE, MP_HOP, MP_RAMP, MP_QDEPTH, MP_COLORS, MP_MAX_CYCLES, MP_STRICT, MP_TRACE_CAP,
- MP_UNDO, MP_PE_BITS, MP_TIMING) = range(11)
-N_MP = 11
+ MP_UNDO, MP_PE_BITS, MP_TIMING, MP_HBM_BYTES, MP_HBM_LAT, MP_HBM_CH, MP_HBM_IL) = range(15)
+N_MP = 15
+
+# HBM channels (State.hbm_ch rows): first free time and time spent transferring, in ticks of
+# 1/HBM_TICKS cycle (exact sums of many short transfers; emulator/reference.py does the same).
+H_FREE, H_BUSY = range(2)
+HBM_TICKS = 1024
 
 # Counters and requests between the jitted loop and the driver (int64 vector).
 # The instruction count of cost class i is counters[K_CLASS0 + i].
@@ -132,7 +145,8 @@ N_MP = 11
 # Undo log: entries and uint16 words used.
 (K_MESSAGES, K_WAVELETS, K_HOPS, K_POOL_TOP, K_DL_HEAD, K_DL_NFREE, K_DL_USED, K_MSG_HEAD,
  K_MSG_NFREE, K_MSG_USED, K_TRACE_N, K_HEAP_N, K_NEED, K_NEED_AMOUNT, K_OUTCOME, K_FAULT_PE,
- K_FAULT_REASON, K_INSTR_TOTAL, K_UNDO_N, K_UNDO_TOP, K_CLASS0) = range(21)
+ K_FAULT_REASON, K_INSTR_TOTAL, K_UNDO_N, K_UNDO_TOP, K_HBM_READ, K_HBM_WRITE,
+ K_CLASS0) = range(23)
 N_K = K_CLASS0 + len(COST_CLASSES)
 
 # What an executor tells the scheduler: carry on with this PE / it left the runnable set
@@ -159,7 +173,7 @@ def class_kinds() -> np.ndarray:
     """CK_* per cost class (order of COST_CLASSES)."""
     kinds = []
     for name in COST_CLASSES:
-        if name in ("scalar", "fscalar", "fspecial"):
+        if name in FIXED_CLASSES:
             kinds.append(CK_SCALAR)
         else:
             kinds.append({"move": CK_MOVE, "fmac": CK_FMAC, "special": CK_SPECIAL}.get(name,
@@ -171,7 +185,7 @@ def simd_key_table() -> np.ndarray:
     """(classes, variants) -> index into SIMD_KEYS (-1 for scalar classes)."""
     table = np.full((len(COST_CLASSES), N_VARIANTS), -1, dtype=np.int64)
     for ci, name in enumerate(COST_CLASSES):
-        if name in ("scalar", "fscalar", "fspecial"):
+        if name in FIXED_CLASSES:
             continue
         for v, dts in _REPRESENTATIVE.items():
             table[ci, v] = SIMD_KEYS.index(simd_key(name, dts))
@@ -199,7 +213,8 @@ def decode_table(loaded: Loaded) -> np.ndarray:
     for ins in INSTRUCTIONS:
         sem[ins.opcode], sub[ins.opcode] = SEMANTICS[ins.mnemonic]
         cls[ins.opcode] = list(COST_CLASSES).index(ins.cost)
-        cost[ins.opcode] = m.special_scalar_cycles if ins.cost == "fspecial" else m.scalar_cycles
+        cost[ins.opcode] = (m.special_scalar_cycles if ins.cost == "fspecial" else
+                            m.issue_overhead if ins.cost == "dma" else m.scalar_cycles)
     op = np.asarray(loaded.code_op, dtype=np.int64)
     code = np.zeros((len(op), N_CODE_COLS), dtype=np.int64)
     code[:, C_SEM], code[:, C_SUB], code[:, C_CLASS], code[:, C_COST] = sem[op], sub[op], \
@@ -310,6 +325,15 @@ class State:
         self.mp[MP_UNDO] = int(not strict)
         self.mp[MP_PE_BITS] = pe_bits(n)
         self.mp[MP_TIMING] = int(loaded.timing_only)
+        self.mp[MP_HBM_BYTES] = loaded.program.hbm_bytes
+        self.mp[MP_HBM_LAT] = m.hbm_latency
+        self.mp[MP_HBM_CH] = max(1, m.hbm_channels)
+        self.mp[MP_HBM_IL] = max(1, m.hbm_interleave)
+        # HBM contents (a stand-in when the program has none or in timing-only mode), the
+        # channels, and one channel's bytes a cycle
+        self.hbm = loaded.hbm if loaded.hbm.size else np.zeros(1, dtype=np.uint8)
+        self.hbm_ch = np.zeros((max(1, m.hbm_channels), 2), dtype=np.int64)
+        self.hbm_rate = np.array([m.hbm_bytes_per_cycle / max(1, m.hbm_channels)], np.float64)
         self.queue = fixed.zeroed("queue", (n * m.colors, 3), np.int64)
         self.link = fixed.zeroed("link", (loaded.n_links, 2), np.int64)
         # records and payloads are initialised when taken: no reset
@@ -369,7 +393,8 @@ class State:
         return (self.code, self.pe, self.ireg, self.freg, self.dsd, self.sram_f32, self.sram_u16,
                 self.sram_i32, self.unknown, self.undo, self.undo_data, self.mp, self.classes,
                 self.tree_of, self.tree, self.tree_tmp, self.queue, self.link, self.dl, self.msg,
-                self.payload, self.heap, self.wake, self.scratch, self.trace, self.counters)
+                self.payload, self.heap, self.wake, self.scratch, self.trace, self.counters,
+                self.hbm, self.hbm_ch, self.hbm_rate)
 
 
 def pe_bits(n_pes: int) -> int:

@@ -176,6 +176,7 @@ def load(program: Program, machine: Machine, base_dir: str | None = None,
     _check_hbm_capacity(program, m)
     fields = _decode_regions(program)
     _check_code(program, m, fields)
+    _check_dma(program, m, fields)
 
     # PEs region by region, each region's row by row (Rect.cells order)
     regions = program.regions
@@ -323,6 +324,22 @@ def _check_code(program: Program, m: Machine, fields: list[dict]) -> None:
                     raise LoadError(f"{where}: descriptor at address {addr} of {length} "
                                     f"{DTYPE_NAMES.get(dt, '?')} ends at byte {end}, outside "
                                     f"the {m.sram_bytes}-byte SRAM")
+
+
+_DMA_OPS = {BY_MNEMONIC[m].opcode: m for m in ("dmald", "dmast", "dmawait")}
+
+
+def _check_dma(program: Program, m: Machine, fields: list[dict]) -> None:
+    """A program with DMA instructions needs a machine with HBM: refused up front, not at the
+    first transfer."""
+    if getattr(m, "hbm_bytes", 0):
+        return
+    for r, f in zip(program.regions, fields):
+        hits = np.flatnonzero(np.isin(np.asarray(f["op"]), list(_DMA_OPS)))
+        if hits.size:
+            i = int(hits[0])
+            raise LoadError(f"program uses DMA ({_DMA_OPS[int(f['op'][i])]} at region "
+                            f"'{r.name}' pc {i}) but machine {m.name} has no HBM")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ programs. Numerics come from kernels/ (the same compiled functions the core call
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -17,11 +18,12 @@ import numpy as np
 
 from emulator.load import Loaded
 from emulator.result import (
-    F_ALIGN, F_COUNT, F_DEST_NOT_MEM, F_FABIN_DEST, F_FABOUT_SRC, F_MATRIX_FABRIC, F_NONE, F_OOB,
+    F_ALIGN, F_COUNT, F_DEST_NOT_MEM, F_DMA_DESC, F_DMA_TAG, F_FABIN_DEST, F_FABOUT_SRC,
+    F_HBM_RANGE, F_MATRIX_FABRIC, F_NONE, F_OOB,
     F_NO_ROUTE, F_PC_END, F_SAME_COLOR, F_SCALAR_MEM, F_SHAPE, F_TARGET, RUN_DEADLOCK, RUN_FAULT, RUN_HALTED,
     RUN_MAX_CYCLES, ST_FAULT, ST_HALT, ST_RUN, ST_WAIT_BP, ST_WAIT_RECV, RunResult)
 from isa.spec import (BY_OPCODE, COST_CLASSES, DSD_FABIN, DSD_FABOUT, DSD_MEM, DTYPE_BYTES,
-                      N_DREGS, N_FREGS, simd_key)
+                      N_DMA_TAGS, N_DREGS, N_FREGS, simd_key)
 from kernels import access, elementwise as ew, matrix, reduce, scalar
 from kernels.cost import compute_cycles
 
@@ -29,6 +31,7 @@ from kernels.cost import compute_cycles
 KIND, ADDR, LEN, STRIDE, COUNT, CSTRIDE, DTYPE, COLOR = range(8)
 CLASS_INDEX = {name: i for i, name in enumerate(COST_CLASSES)}
 MASK64 = (1 << 64) - 1
+HBM_TICKS = 1024  # HBM channel times are kept in 1/1024-cycle ticks (docs/timing-model.md)
 
 UNARY = {"vmov": ew.UN_MOV, "vexp": ew.UN_EXP, "vgelu": ew.UN_GELU_TANH,
          "vgelue": ew.UN_GELU_ERF, "vsilu": ew.UN_SILU, "vrsqrt": ew.UN_RSQRT}
@@ -97,6 +100,8 @@ class PE:
     busy: int = 0
     recv_stall: int = 0
     bp_stall: int = 0
+    dma_stall: int = 0
+    tag_done: list = field(default_factory=lambda: [0] * N_DMA_TAGS)  # completion per DMA tag
     dsd: list = field(default_factory=lambda: [[DSD_MEM, 0, 0, 1, 1, 0, 0, 0]
                                                for _ in range(N_DREGS)])
 
@@ -133,6 +138,10 @@ class Reference:
         self.trace: list = []
         self.heap = [(0, i) for i in range(n)]
         self.fault_pe, self.fault_reason = -1, F_NONE
+        m = self.m
+        self.hbm_free = [0] * max(1, m.hbm_channels)  # per channel: first free tick
+        self.hbm_busy = [0] * max(1, m.hbm_channels)  # per channel: ticks transferring
+        self.hbm_read = self.hbm_written = 0
 
     # -- the scheduler -------------------------------------------------------------------------
 
@@ -156,7 +165,8 @@ class Reference:
         if outcome is None:
             done = all(p.status == ST_HALT for p in self.pes)
             outcome = RUN_HALTED if done else RUN_DEADLOCK
-        cycles = max((p.clock for p in self.pes), default=0)
+        # DMAs still outstanding at the end finish after the last instruction
+        cycles = max((max(p.clock, *p.tag_done) for p in self.pes), default=0)
         if outcome == RUN_MAX_CYCLES:
             cycles = self.max_cycles
         return self.result(outcome, cycles)
@@ -180,6 +190,9 @@ class Reference:
         name = ins.mnemonic
         if ins.is_tensor:
             self.tensor_op(pe, ins, a, b, c)
+            return
+        if ins.cost == "dma":
+            self.dma_op(pe, name, a, b, il)
             return
         r = self.ireg[i]
         f = self.freg[i]
@@ -224,6 +237,14 @@ class Reference:
             r[a] = int(v) if np.isfinite(v) and abs(v) < 2.0 ** 63 else 0
         elif ins.group == "descriptor":
             self.descriptor_op(pe, name, a, b, c, imm, il, ih)
+        elif name == "dmawait":
+            if il >= N_DMA_TAGS:
+                raise Fault(F_DMA_TAG)
+            # the wait's own cost first, then whatever is left of the transfers is a stall
+            cost = self.m.scalar_cycles
+            wait = max(0, pe.tag_done[il] - (pe.clock + cost))
+            pe.dma_stall += wait
+            pe.clock += wait
         else:  # pragma: no cover - the table and this interpreter must grow together
             raise AssertionError(f"reference: no semantics for {name}")
         pe.clock += self.m.special_scalar_cycles if ins.cost == "fspecial" else self.m.scalar_cycles
@@ -257,6 +278,61 @@ class Reference:
             d[ADDR] = _wrap(int(r[b]) + imm)
         elif name == "dlen":
             d[LEN] = int(r[b])
+
+    # -- DMA between HBM and SRAM ---------------------------------------------------------------
+
+    def dma_op(self, pe: PE, name: str, a: int, b: int, tag: int) -> None:
+        """dmald / dmast (docs/timing-model.md, HBM and DMA): check, copy the raw bytes at once
+        (functional), reserve the HBM channels and note when the transfer completes."""
+        m, ld = self.m, self.ld
+        if tag >= N_DMA_TAGS:
+            raise Fault(F_DMA_TAG)
+        d = pe.dsd[a]
+        if d[KIND] != DSD_MEM or d[STRIDE] != 1 or not (d[COUNT] == 1 or d[CSTRIDE] == d[LEN]):
+            raise Fault(F_DMA_DESC)
+        n = self.elements(d)
+        self.check_mem(pe, d)
+        size = DTYPE_BYTES[d[DTYPE]]
+        nbytes = n * size
+        addr = int(self.ireg[pe.index][b])
+        if addr < 0 or addr % size or addr + nbytes > ld.program.hbm_bytes:
+            raise Fault(F_HBM_RANGE)
+        lo = int(ld.sram_base[pe.index]) + d[ADDR]
+        if name == "dmald":
+            ld.sram[lo:lo + nbytes] = ld.hbm[addr:addr + nbytes]
+            self.hbm_read += nbytes
+        else:
+            ld.hbm[addr:addr + nbytes] = ld.sram[lo:lo + nbytes]
+            self.hbm_written += nbytes
+        start = pe.clock
+        t0 = start + m.issue_overhead
+        pe.clock = t0
+        pe.busy += m.issue_overhead
+        done = self.hbm_reserve(t0, addr, nbytes)
+        pe.tag_done[tag] = max(pe.tag_done[tag], done)
+        if self.trace_on and len(self.trace) < self.trace_cap:
+            self.trace.append((pe.index, pe.pc, start, t0))
+        pe.pc += 1
+        pe.instructions += 1
+        self.class_counts[CLASS_INDEX["dma"]] += 1
+
+    def hbm_reserve(self, t0: int, addr: int, nbytes: int) -> int:
+        """Reserve the channels for bytes [addr, addr + nbytes) of a request leaving at cycle
+        t0, first come first served; return the cycle the transfer is complete."""
+        if nbytes == 0:
+            return t0
+        m = self.m
+        rate = m.hbm_bytes_per_cycle / m.hbm_channels  # bytes a cycle, one channel
+        last = 0
+        for ch, n_c in enumerate(channel_bytes(addr, nbytes, m.hbm_interleave, m.hbm_channels)):
+            if n_c == 0:
+                continue
+            dur = math.ceil(n_c * float(HBM_TICKS) / rate)
+            s_c = max(t0 * HBM_TICKS, self.hbm_free[ch])
+            self.hbm_free[ch] = s_c + dur
+            self.hbm_busy[ch] += dur
+            last = max(last, s_c + dur)
+        return -(-last // HBM_TICKS) + m.hbm_latency
 
     # -- tensor ops ----------------------------------------------------------------------------
 
@@ -547,7 +623,27 @@ class Reference:
             busy=arr("busy"), recv_stall=arr("recv_stall"), bp_stall=arr("bp_stall"),
             class_counts=self.class_counts, link_wavelets=self.link_wavelets,
             messages=self.messages, wavelets=self.wavelets, wavelet_hops=self.wavelet_hops,
-            fault_pe=self.fault_pe, fault_reason=self.fault_reason, trace=self.trace)
+            fault_pe=self.fault_pe, fault_reason=self.fault_reason, trace=self.trace,
+            hbm_read_bytes=self.hbm_read, hbm_write_bytes=self.hbm_written,
+            dma_stall=arr("dma_stall"),
+            hbm_channel_busy=np.array([-(-t // HBM_TICKS) for t in self.hbm_busy], np.int64))
+
+
+def channel_bytes(addr: int, nbytes: int, interleave: int, channels: int) -> list[int]:
+    """Bytes of [addr, addr + nbytes) on each HBM channel: block addr // interleave lives on
+    channel block % channels."""
+    out = [0] * channels
+    b0, b1 = addr // interleave, (addr + nbytes - 1) // interleave
+    if b0 == b1:
+        out[b0 % channels] = nbytes
+        return out
+    out[b0 % channels] += (b0 + 1) * interleave - addr
+    out[b1 % channels] += addr + nbytes - b1 * interleave
+    full = b1 - b0 - 1  # whole blocks b0 + 1 .. b1 - 1, dealt round robin
+    for j in range(min(full, channels)):
+        out[(b0 + 1 + j) % channels] += (full // channels + (1 if j < full % channels else 0)) \
+            * interleave
+    return out
 
 
 def run(loaded: Loaded, max_cycles: int | None = None, trace: bool = False,

@@ -117,11 +117,28 @@ def summary(loaded: Loaded, result: RunResult) -> dict:
             "busiest_links": link_table(loaded, result),
         },
     }
+    if m.hbm_bytes or result.hbm_read_bytes or result.hbm_write_bytes:
+        d["hbm"] = hbm_summary(loaded, result)
     problem = problem_line(loaded, result)
     if problem:
         d["problem"] = problem
         d["blocked"] = blocked_lines(loaded, result)
     return d
+
+
+def hbm_summary(loaded: Loaded, result: RunResult) -> dict:
+    """Off-chip traffic of a run: bytes each way, the share of the peak bandwidth (all
+    channels) they used over the whole run, DMA stalls and per-channel busy cycles."""
+    m = loaded.machine
+    moved = int(result.hbm_read_bytes) + int(result.hbm_write_bytes)
+    peak = m.hbm_bandwidth / m.clock_hz * max(int(result.cycles), 1)  # bytes at peak
+    return {
+        "read_bytes": int(result.hbm_read_bytes),
+        "write_bytes": int(result.hbm_write_bytes),
+        "peak_fraction": round(moved / peak, 4) if peak > 0 else 0.0,
+        "dma_stall_cycles": int(np.sum(result.dma_stall)),
+        "channel_busy_cycles": [int(c) for c in result.hbm_channel_busy],
+    }
 
 
 def text(d: dict) -> str:
@@ -144,6 +161,11 @@ def text(d: dict) -> str:
     for row in fab["busiest_links"][:3]:
         lines.append(f"          busiest: ({row['x']},{row['y']}) {row['port']}: "
                      f"{row['wavelets']:,} wavelets, {row['utilisation'] * 100:.1f}%")
+    if "hbm" in d:
+        h = d["hbm"]
+        lines.append(f"HBM: {h['read_bytes'] / 1e6:,.3f} MB read, {h['write_bytes'] / 1e6:,.3f} MB "
+                     f"written, {h['peak_fraction'] * 100:.1f}% of peak bandwidth over the run; "
+                     f"PE cycles waiting for DMA {h['dma_stall_cycles']:,}")
     lines.append(f"host      {d['host_seconds']:.3f} s")
     return "\n".join(lines)
 

@@ -38,10 +38,14 @@ FAULT_REASONS = (
     "no route for this color here (its route at this PE does not accept RAMP)",
     "timing-only: this reads a value computed from data (the program's control flow or "
     "addresses depend on data); run it functionally",
+    "DMA descriptor must be a contiguous SRAM descriptor (stride 1, one row or rows back to back)",
+    "DMA range outside the program's HBM (hbm_bytes), or its HBM address not aligned to the "
+    "element size",
+    "DMA tag must be 0..7",
 )
 (F_NONE, F_OOB, F_ALIGN, F_COUNT, F_MATRIX_FABRIC, F_DEST_NOT_MEM, F_FABIN_DEST, F_FABOUT_SRC,
  F_PC_END, F_TARGET, F_SCALAR_MEM, F_SAME_COLOR, F_SHAPE, F_NO_ROUTE,
- F_TIMING_DATA) = range(len(FAULT_REASONS))
+ F_TIMING_DATA, F_DMA_DESC, F_HBM_RANGE, F_DMA_TAG) = range(len(FAULT_REASONS))
 
 
 @dataclass
@@ -66,6 +70,12 @@ class RunResult:
     fault_reason: int = F_NONE
     host_seconds: float = 0.0
     trace: list = field(default_factory=list)  # (pe, pc, start, end) tuples when tracing
+    # off-chip memory (docs/timing-model.md, HBM and DMA): bytes moved by dmald / dmast, per PE
+    # cycles spent waiting in dmawait, per HBM channel cycles it was transferring (rounded up)
+    hbm_read_bytes: int = 0
+    hbm_write_bytes: int = 0
+    dma_stall: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    hbm_channel_busy: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def outcome_name(self) -> str:

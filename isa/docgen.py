@@ -23,6 +23,7 @@ GROUP_TITLES = {
     "tensor": "Tensor elementwise",
     "reduce": "Reductions",
     "matrix": "Matrix",
+    "memory": "Off-chip memory (HBM, DMA)",
 }
 SPECIAL_MEANING = {
     "X": "column of this PE inside its region (0-based)",

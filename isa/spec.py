@@ -126,9 +126,15 @@ COST_CLASSES = {
     "max": "tensor max/min and max reduction: simd max_f32 | max_f16",
     "fmac": "multiply-accumulate (axpy, dot, GEMV, GEMM): simd fmac_f32 | fmac_mixed | fmac_f16",
     "special": "tensor transcendental (exp, gelu, silu, rsqrt): simd special",
+    "dma": "DMA request between HBM and SRAM: machine.issue_overhead to issue; the transfer "
+           "runs asynchronously on the HBM channels",
 }
 
-GROUPS = ("control", "int", "float", "descriptor", "tensor", "reduce", "matrix")
+# Classes whose cost is a fixed number of cycles (no SIMD width); "dma" costs issue_overhead.
+SCALAR_CLASSES = ("scalar", "fscalar", "fspecial")
+FIXED_CLASSES = SCALAR_CLASSES + ("dma",)
+
+GROUPS = ("control", "int", "float", "descriptor", "tensor", "reduce", "matrix", "memory")
 
 
 @dataclass(frozen=True)
@@ -247,7 +253,17 @@ INSTRUCTIONS: tuple[Instr, ...] = (
     _i("mm", 0x72, "c:dreg:A a:dreg:B b:dreg:C", "fmac", "matrix",
        "C = A B: column-major tiles, A (M x K), B (K x N), C (M x N), fp32 accumulation."),
     _i("mma", 0x73, "c:dreg:A a:dreg:B b:dreg:C", "fmac", "matrix", "C = C + A B (as mm)."),
+    # -- off-chip memory (HBM) ----------------------------------------------------------------
+    _i("dmald", 0x80, "d:dreg:A a:ireg:B t:u16:IL", "dma", "memory",
+       "Start copying the raw bytes of contiguous SRAM descriptor d from HBM byte address a "
+       "(tag t, 0..7); asynchronous: dmawait t before using them."),
+    _i("dmast", 0x81, "d:dreg:A a:ireg:B t:u16:IL", "dma", "memory",
+       "Start copying the raw bytes of contiguous SRAM descriptor d to HBM byte address a "
+       "(tag t, 0..7); asynchronous: dmawait t before reusing the buffer."),
+    _i("dmawait", 0x82, "t:u16:IL", "scalar", "memory",
+       "Wait until every DMA of this PE with tag t (0..7) is complete."),
 )
+N_DMA_TAGS = 8  # DMA tags per PE (dmald/dmast/dmawait t < N_DMA_TAGS)
 
 BY_MNEMONIC = {ins.mnemonic: ins for ins in INSTRUCTIONS}
 BY_OPCODE = {ins.opcode: ins for ins in INSTRUCTIONS}
@@ -325,5 +341,5 @@ def check_table(instructions=INSTRUCTIONS) -> None:
             if bits & used_bits:
                 raise SpecError(f"{where}: operand {name!r} overlaps bits already assigned")
             used_bits |= bits
-        if ins.is_tensor and ins.cost in ("scalar", "fscalar", "fspecial"):
+        if ins.is_tensor and ins.cost in SCALAR_CLASSES + ("dma",):
             raise SpecError(f"{where}: tensor ops need a tensor cost class")

@@ -10,6 +10,7 @@ mnemonic, so every row of the ISA table is compared at least once.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -18,11 +19,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from emulator.api import execute
+from emulator.machine import load_machine
 from isa.builder import ProgramBuilder
 from isa.spec import INSTRUCTIONS
 from programs.conftest import same_run
 
 L = 12  # elements of every vector buffer
+HBM_BYTES = 1024  # one HBM buffer every PE reads and writes anywhere (order matters: it is global)
+# "tiny" with a small, narrow HBM, so that DMA requests of different PEs contend
+TINY_HBM = dataclasses.replace(load_machine("tiny"), hbm_bytes=1 << 20, hbm_efficiency=0.9,
+                               hbm_bandwidth=load_machine("tiny").clock_hz * 10.0,
+                               hbm_latency=17, hbm_channels=3, hbm_interleave=32)
 MV_COLS = 3
 INT_OPS = ["add", "sub", "mul", "div", "rem", "and", "or", "xor", "slt"]
 INT_IMM_OPS = ["addi", "muli", "andi", "shli", "shri"]
@@ -95,6 +102,14 @@ class Gen:
             rb.emit(r.choice(["mv", "mva"]), 12, 10, 11)
             if r.random() < 0.5:
                 rb.emit(r.choice(["mm", "mma"]), 13, 10, 14)
+        elif kind == "dma":
+            op = r.choice(["dmald", "dmast", "dmawait"])
+            tag = r.randrange(3)
+            if op == "dmawait":
+                rb.dmawait(tag)
+            else:
+                rb.li("r14", 4 * r.randrange((HBM_BYTES - 4 * L) // 4))
+                rb.emit(op, self.dreg(), "r14", tag)
         elif kind == "strided":
             d, e = self.dreg(), self.dreg()
             rb.dmem(15, self.dtypes[d], self.bufs[d], L // 2)
@@ -106,13 +121,14 @@ class Gen:
 
 
 KINDS = ["int", "intimm", "li", "mov", "fli", "float", "funary", "conv", "scalar_mem", "vbin",
-         "vun", "vscalar", "vfill", "reduce", "matrix", "strided"]
+         "vun", "vscalar", "vfill", "reduce", "matrix", "strided", "dma"]
 
 
 def build_program(seed: int, kinds=KINDS, n_ops: int = 30):
     r = random.Random(seed)
     w, h = r.randint(2, 3), r.randint(1, 2)
     pb = ProgramBuilder(f"random-{seed}")
+    pb.hbm_alloc("hbm", HBM_BYTES)
     for x in range(w - 1):
         pb.route(x, 0, 1, h, x % 2, rx="RAMP", tx="E")
         pb.route(x + 1, 0, 1, h, x % 2, rx="W", tx="RAMP")
@@ -186,8 +202,13 @@ def build_program(seed: int, kinds=KINDS, n_ops: int = 30):
 
 
 def both(program):
-    a = execute(program, "tiny", engine="core")
-    b = execute(program, "tiny", engine="reference")
+    a = execute(program, TINY_HBM, engine="core")
+    b = execute(program, TINY_HBM, engine="reference")
+    assert a.loaded.hbm.tobytes() == b.loaded.hbm.tobytes()
+    assert (a.result.hbm_read_bytes, a.result.hbm_write_bytes) == \
+        (b.result.hbm_read_bytes, b.result.hbm_write_bytes)
+    np.testing.assert_array_equal(a.result.dma_stall, b.result.dma_stall)
+    np.testing.assert_array_equal(a.result.hbm_channel_busy, b.result.hbm_channel_busy)
     return a, b
 
 
@@ -209,7 +230,7 @@ def mnemonic_kind(mnemonic: str) -> str | None:
             "lw": "scalar_mem", "sw": "scalar_mem", "flw": "scalar_mem", "fsw": "scalar_mem",
             "vfill": "vfill", "rsum": "reduce", "rmax": "reduce", "rdot": "reduce",
             "mv": "matrix", "mva": "matrix", "mm": "matrix", "mma": "matrix",
-            "dstride": "strided"}.get(mnemonic)
+            "dstride": "strided", "dmald": "dma", "dmast": "dma", "dmawait": "dma"}.get(mnemonic)
 
 
 def test_generator_covers_the_table():

@@ -25,7 +25,7 @@ from isa.compiler import compile_model
 from isa.encoding import decode_fields
 from isa.spec import INSTRUCTIONS
 from programs.conftest import build
-from tests.emulator.test_reference_vs_core import KINDS, build_program
+from tests.emulator.test_reference_vs_core import KINDS, TINY_HBM, build_program
 
 FIELDS = ("pc", "status", "clock", "instructions", "busy", "recv_stall", "bp_stall",
           "class_counts", "link_wavelets")
@@ -101,8 +101,8 @@ def test_random_programs_take_the_same_cycles_or_are_refused(seed):
     """Random programs of every instruction class: the functional cycles, or a refusal at an
     instruction that turns computed data into an integer (lw of a computed word, ftoi)."""
     program = build_program(seed)
-    functional = execute(program, "tiny")
-    timing = execute(program, "tiny", timing_only=True)
+    functional = execute(program, TINY_HBM)
+    timing = execute(program, TINY_HBM, timing_only=True)
     r = timing.result
     if r.outcome == RUN_FAULT:
         assert r.fault_reason == F_TIMING_DATA
@@ -114,7 +114,7 @@ def test_random_programs_take_the_same_cycles_or_are_refused(seed):
         same_timing(functional, timing)
     # without conversions and scalar loads nothing can be refused
     clean = build_program(seed, kinds=[k for k in KINDS if k not in ("conv", "scalar_mem")])
-    same_timing(execute(clean, "tiny"), execute(clean, "tiny", timing_only=True))
+    same_timing(execute(clean, TINY_HBM), execute(clean, TINY_HBM, timing_only=True))
 
 
 def _one_pe(body, inputs=()):
