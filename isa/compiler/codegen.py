@@ -239,7 +239,6 @@ class Codegen(AttentionCodegen):
                                              n * vector_params_bytes(pdtype))
                     ref = self.plan.graph.weights[wname]
                     self.load(rb, ref, params[wname], (n, 1), 0, 0, "F", dtype=pdtype)
-        self.param_dtype = pdtype
         for fid in s.in_flows:
             if fid == fused:
                 continue
@@ -290,10 +289,10 @@ class Codegen(AttentionCodegen):
         rb.fadd("f2", "f2", "f8")
         rb.frsqrt("f3", "f2")
         rb.vmuls("d1", "d1", "f3")
-        mem(rb, "d3", params[attrs["params"][0]], n, self.param_dtype)
+        mem(rb, "d3", params[attrs["params"][0]], n, self.dtype)
         rb.vmul("d1", "d1", "d3")
         if kind == "layernorm":
-            mem(rb, "d3", params[attrs["params"][1]], n, self.param_dtype)
+            mem(rb, "d3", params[attrs["params"][1]], n, self.dtype)
             rb.vadd("d1", "d1", "d3")
 
     # -- embed ----------------------------------------------------------------------------------
