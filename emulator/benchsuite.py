@@ -187,12 +187,6 @@ def model_figures(graph) -> ModelFigures:
 # Machines
 
 
-def peak_flops(machine) -> float:
-    """FLOP/s with the widest FMAC of the preset on every core (2 FLOPs a multiply-add)."""
-    widest = max(w for k, w in machine.simd if k.startswith("fmac"))
-    return 2.0 * widest * machine.pes * machine.clock_hz
-
-
 def sram_read_bandwidth(machine) -> float:
     """Bytes/s at which every core's FMACs can read 16-bit resident weights: one weight per
     FMAC lane per cycle (derived; on WSE-3: 8 lanes x 2 B = 16 B a cycle, the two 64-bit SRAM
@@ -310,7 +304,7 @@ def measure(case: Case, figures: ModelFigures, machine, dtype: str, result,
     links = np.asarray(result.link_wavelets)
     used = links[links > 0]
     hottest = int(links.max()) if links.size else 0
-    peak = peak_flops(machine)
+    peak = machine.peak_flops
     hbm = is_hbm(machine)
     # where the weights are read from: HBM (what the run moved) or resident SRAM
     memory_bytes = hbm_moved if hbm and hbm_moved else wbytes
@@ -529,7 +523,7 @@ def _cpus() -> int:
 
 def machine_json(m) -> dict:
     return {"name": m.name, "kind": m.kind, "pes": m.pes, "clock_hz": m.clock_hz,
-            "peak_flops": peak_flops(m), "sram_bytes_per_pe": m.sram_bytes,
+            "peak_flops": m.peak_flops, "sram_bytes_per_pe": m.sram_bytes,
             "hbm_bytes": m.hbm_bytes, "hbm_bandwidth": m.hbm_bandwidth,
             "hbm_efficiency": m.hbm_efficiency,
             "memory_bandwidth": m.hbm_bandwidth if is_hbm(m) else sram_read_bandwidth(m),

@@ -51,6 +51,7 @@ def write_gpt2(folder: Path, config: dict, seed: int = 0) -> Path:
 
 
 def run_demo(machine_name: str = "wse3", tokens: int = 8) -> int:
+    from emulator.benchsuite import model_figures
     from emulator.generate import Generator
     from emulator.machine import load_machine
     from isa.compiler.pipeline import compile_model
@@ -60,7 +61,9 @@ def run_demo(machine_name: str = "wse3", tokens: int = 8) -> int:
     c = DEMO_CONFIG
     with tempfile.TemporaryDirectory(prefix="wse-emu-demo-") as tmp:
         model = write_gpt2(Path(tmp) / "gpt2-demo", c)
-        n_params = sum(np.prod(a.shape) for a in _shapes(c))
+        graph = _graph(model)
+        figures = model_figures(graph)
+        n_params = figures.params
         print(f"model     GPT-2 shape: hidden {c['n_embd']}, {c['n_layer']} layers, "
               f"{c['n_head']} heads, vocabulary {c['vocab_size']}; {n_params / 1e6:.1f} M "
               f"random fp32 weights (seed 0)", flush=True)
@@ -77,7 +80,7 @@ def run_demo(machine_name: str = "wse3", tokens: int = 8) -> int:
                   "(about a minute, cached after that)", flush=True)
         gen = Generator(program, machine, base_dir=None)
         res = gen.generate(PROMPT, tokens)
-        golden = GraphRunner(_graph(model)).generate_greedy(PROMPT, tokens)
+        golden = GraphRunner(graph).generate_greedy(PROMPT, tokens)
     same = golden == res.generated_ids
     print(f"prompt    {PROMPT}")
     print(f"generated {res.generated_ids}  (NumPy golden model: "
@@ -92,17 +95,17 @@ def run_demo(machine_name: str = "wse3", tokens: int = 8) -> int:
         print(f"  {part:<10} {cyc['compute']:>12,} {cyc['fabric']:>12,} {cyc['stall']:>10,}")
     print(f"host      {res.host_seconds:.2f} s for {len(PROMPT)} prompt + {tokens} generated "
           f"tokens")
-    _hbm_bound(res, c, machine.name)
+    _hbm_bound(res, figures.weight_bytes("fp32"), machine.name)
     return 0 if same else 1
 
 
-def _hbm_bound(res, c: dict, wafer: str) -> None:
+def _hbm_bound(res, weights: int, wafer: str) -> None:
     """Beside the wafer: the best an HBM-streaming GPU could do at batch 1, since it reads every
-    weight from HBM for every token (weight bytes / peak bandwidth, a physical bound, not an
-    emulated run: the emulated HBM target is not in this version yet)."""
+    weight matrix from HBM for every token (weight bytes / peak bandwidth, the bound
+    `wse-emu bench` shows, not an emulated run: the emulated HBM target is not in this version
+    yet). `weights`: the matrices' bytes, fp32 as compiled here."""
     from emulator.machine import load_machine
 
-    weights = sum(int(np.prod(a.shape)) for a in _shapes(c)) * 4  # fp32, as compiled here
     for name in ("h100", "h200"):
         gpu = load_machine(name)
         floor = weights / gpu.hbm_bandwidth
@@ -119,9 +122,3 @@ def _graph(model: Path):
     from isa.frontends.hf import load_hf
 
     return load_hf(model, max_context=64)
-
-
-def _shapes(c: dict):
-    h, v, p, n = c["n_embd"], c["vocab_size"], c["n_positions"], c["n_layer"]
-    per_layer = [np.zeros((h, 3 * h)), np.zeros((h, h)), np.zeros((h, 4 * h)), np.zeros((4 * h, h))]
-    return [np.zeros((v, h)), np.zeros((p, h))] + per_layer * n

@@ -60,8 +60,9 @@ class Machine:
 
     @property
     def peak_flops(self) -> float:
-        """Dense fp16/bf16 multiply-accumulate peak, FLOP/s (2 per FMAC) over every core."""
-        return 2.0 * self.simd_width("fmac_f16") * self.pes * self.clock_hz
+        """Dense multiply-accumulate peak, FLOP/s (2 per FMAC) over every core, at the widest
+        FMAC of the preset (fp16/bf16 on every preset here)."""
+        return 2.0 * max(w for k, w in self.simd if k.startswith("fmac")) * self.pes * self.clock_hz
 
     def summary(self) -> str:
         s = dict(self.simd)

@@ -17,8 +17,7 @@ from isa.compiler.codegen_attn import AttentionCodegen
 from isa.compiler.emit import (I32, PR, QR, ZF, ZR, Labels, at, drop, forward, mem, parity,
                                positions, recv, send, stage_position)
 from isa.compiler.lower import CompileError, Flow, Plan, Stage
-from isa.compiler.placement import (WEIGHT_BYTES, Placed, table_rows, vector_layout,
-                                    vector_params_bytes)
+from isa.compiler.placement import WEIGHT_BYTES, Placed, table_rows, vector_layout
 
 
 class Codegen(AttentionCodegen):
@@ -236,7 +235,7 @@ class Codegen(AttentionCodegen):
                 if wname not in params:
                     n = s.attrs["hidden"]
                     params[wname] = rb.alloc(wname.replace(".", "_"),
-                                             n * vector_params_bytes(pdtype))
+                                             n * WEIGHT_BYTES[pdtype])
                     ref = self.plan.graph.weights[wname]
                     self.load(rb, ref, params[wname], (n, 1), 0, 0, "F", dtype=pdtype)
         for fid in s.in_flows:

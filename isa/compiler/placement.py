@@ -172,17 +172,12 @@ def vector_layout(s: Stage) -> tuple[dict, int | None]:
     return alias, fused
 
 
-def vector_params_bytes(dtype: str) -> int:
-    """Bytes a norm weight element takes on a vector PE: the model's weight dtype."""
-    return WEIGHT_BYTES[dtype]
-
-
 def _vector_bytes(s: Stage, T: int, dtype: str = "f32") -> int:
     params = sum(len(op[3].get("params", ())) for op in s.ops) * s.attrs["hidden"]
     alias, fused = vector_layout(s)
     skip = set(alias) | ({s.flow_buffer[fused]} if fused is not None else set())
     held = sum(n for b, n in s.buffers.items() if b not in skip)
-    return CODE_RESERVE + 4 * T * held + vector_params_bytes(dtype) * params
+    return CODE_RESERVE + 4 * T * held + WEIGHT_BYTES[dtype] * params  # norm weights: weight dtype
 
 
 def place(plan: Plan, machine, dtype: str, pad_last: bool = False,
