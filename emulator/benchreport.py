@@ -82,15 +82,6 @@ def markdown(suite: dict) -> str:
     for c in cases:
         ctx = c["max_context"] or "-"
         pos = "-" if c["position"] is None else c["position"]
-        if c["status"] == "bound":
-            f = c["figures"]
-            notes.append(f"{c['model']} on {c['machine']}: not emulated ({c['reason']}); the "
-                         f"row is the bandwidth bound: weight bytes / peak HBM bandwidth")
-            lines.append(f"| {c['model']} | {c['machine']} | - | - | <= "
-                         f"{f['tokens_per_second']:,.0f} (bound) [{len(notes)}] | >= "
-                         f"{fmt_seconds(f['seconds_per_token'])} | | "
-                         f"{fmt_bytes(f['weight_bytes_per_token'])} | | | | | |")
-            continue
         if c["status"] != "ok":
             notes.append(f"{c['model']} on {c['machine']}: {c['reason']}")
             lines.append(f"| {c['model']} | {c['machine']} | {ctx} | {pos} | {c['status']} "
@@ -143,54 +134,34 @@ def markdown(suite: dict) -> str:
 
 def compare(cases: list[dict], machines: dict) -> list[str]:
     """Per model, every resident-weight (mesh) result against every HBM result: the ratio of
-    tokens/s and why (bytes per token, bandwidth)."""
+    tokens/s and why (bytes per token, bandwidth, where each machine's time goes)."""
     out = []
     by_model: dict[str, list[dict]] = {}
     for c in cases:
         if c["status"] == "ok":
             by_model.setdefault(c["model"], []).append(c)
-    for c in cases:
-        if c["status"] == "bound":
-            by_model.setdefault(c["model"], []).append(c)
     for model, done in by_model.items():
-        for mesh in (c for c in done if machines[c["machine"]]["kind"] != "hbm"
-                     and c["status"] == "ok"):
-            for hbm in (c for c in done if c["status"] == "bound"):
-                fm, fh = mesh["figures"], hbm["figures"]
-                mh = machines[hbm["machine"]]
-                ratio = fm["tokens_per_second"] / fh["tokens_per_second"]
-                out.append(
-                    f"{model}: {mesh['machine']} {fm['tokens_per_second']:,.0f} tokens/s "
-                    f"(emulated) vs {hbm['machine']} at most {fh['tokens_per_second']:,.0f} "
-                    f"tokens/s (bound, not emulated) = {ratio:.3g}x. {hbm['machine']} must "
-                    f"stream {fmt_bytes(fh['weight_bytes_per_token'])} of weights from HBM every "
-                    f"token at {fmt_bytes(mh['hbm_bandwidth'])}/s peak: at least "
-                    f"{fmt_seconds(fh['seconds_per_token'])} a token ("
-                    f"{fmt_seconds(fh['achievable_seconds_per_token'])} at the preset's "
-                    f"achievable {mh['hbm_efficiency']:.0%}); {mesh['machine']} reads them from "
-                    f"resident SRAM and moves "
-                    f"{fmt_bytes(fm['fabric_link_bytes_per_token'])} of activations over its "
-                    f"links a token, in {fmt_seconds(fm['seconds_per_token'])}"
-                    + (" (ahead)." if ratio > 1 else
-                       ": behind, latency along the layer chain (see where the time goes)."))
-    for model, done in by_model.items():
-        done = [c for c in done if c["status"] == "ok"]
         for mesh in (c for c in done if machines[c["machine"]]["kind"] != "hbm"):
             for hbm in (c for c in done if machines[c["machine"]]["kind"] == "hbm"):
                 fm, fh = mesh["figures"], hbm["figures"]
                 mm, mh = machines[mesh["machine"]], machines[hbm["machine"]]
                 moved = fh["hbm_read_bytes_per_token"] + fh["hbm_write_bytes_per_token"]
+                floor = fh["weight_bytes_per_token"] / mh["hbm_bandwidth"]
                 ratio = fm["tokens_per_second"] / fh["tokens_per_second"]
+                verdict = "the wafer is ahead" if ratio > 1 else "the wafer is behind"
                 out.append(
                     f"{model}: {mesh['machine']} {fm['tokens_per_second']:,.0f} tokens/s vs "
-                    f"{hbm['machine']} {fh['tokens_per_second']:,.0f} tokens/s = {ratio:.3g}x. "
-                    f"{hbm['machine']} must stream {fmt_bytes(fh['weight_bytes_per_token'])} of "
-                    f"weights from HBM every token (the run moved {fmt_bytes(moved)}) at "
-                    f"{fmt_bytes(mh['hbm_bandwidth'])}/s peak: at least "
-                    f"{fmt_seconds(fh['weight_bytes_per_token'] / mh['hbm_bandwidth'])} a token "
-                    f"however fast its cores are. {mesh['machine']} keeps them resident in SRAM "
-                    f"(0 B from HBM), readable at {fmt_bytes(mm['memory_bandwidth'])}/s over its "
-                    f"{mm['pes']:,} PEs, and moves only activations: "
+                    f"{hbm['machine']} {fh['tokens_per_second']:,.0f} tokens/s = {ratio:.3g}x "
+                    f"({verdict}). {hbm['machine']} must stream "
+                    f"{fmt_bytes(fh['weight_bytes_per_token'])} of weights from HBM every "
+                    f"token (the run moved {fmt_bytes(moved)}) at "
+                    f"{fmt_bytes(mh['hbm_bandwidth'])}/s peak: at least {fmt_seconds(floor)} a "
+                    f"token however fast its cores are; it took "
+                    f"{fmt_seconds(fh['seconds_per_token'])} (HBM busy "
+                    f"{fmt_fraction(fh['hbm_utilisation'])}; the rest is DMA latency and the "
+                    f"barriers between stages). {mesh['machine']} keeps the weights resident in "
+                    f"SRAM (0 B from HBM), readable at {fmt_bytes(mm['memory_bandwidth'])}/s "
+                    f"over its {mm['pes']:,} PEs, and moves only activations: "
                     f"{fmt_bytes(fm['fabric_link_bytes_per_token'])} of link traffic a token "
                     f"(its hottest link busy {fmt_fraction(fm['link_utilisation_max'])} of the "
                     f"time); its {fmt_seconds(fm['seconds_per_token'])} is latency along the "
@@ -234,14 +205,13 @@ def _png(fig) -> bytes:
 
 
 def plot_tokens_per_second(suite: dict) -> bytes:
-    """PNG: tokens/s of every model on every machine (log scale), grouped by model; an HBM
-    bandwidth bound (no emulated run) is a hollow hatched bar; a case that did not run is a
-    labelled gap."""
+    """PNG: tokens/s of every model on every machine (log scale), grouped by model; a case
+    that did not run is a labelled gap."""
     plt = _pyplot()
     cases = suite["cases"]
     models = list(dict.fromkeys(c["model"] for c in cases))
     machines = [m["name"] for m in suite["meta"]["machines"]]
-    rates = [c["figures"]["tokens_per_second"] for c in cases if c["status"] in ("ok", "bound")]
+    rates = [c["figures"]["tokens_per_second"] for c in cases if c["status"] == "ok"]
     bottom = 10 ** math.floor(math.log10(min(rates)) - 0.5) if rates else 1.0
     fig, ax = plt.subplots(figsize=(max(6.4, 0.9 * len(models) * len(machines) + 2), 4.8))
     width = 0.8 / len(machines)
@@ -253,12 +223,6 @@ def plot_tokens_per_second(suite: dict) -> bytes:
                 tps = c["figures"]["tokens_per_second"]
                 ax.bar(x, tps - bottom, width, bottom=bottom, color=f"C{j}")
                 ax.annotate(f"{tps:,.0f}", (x, tps), ha="center", va="bottom", fontsize=7)
-            elif c["status"] == "bound":  # an upper bound, not a run: hollow, hatched
-                tps = c["figures"]["tokens_per_second"]
-                ax.bar(x, tps - bottom, width, bottom=bottom, fill=False, hatch="//",
-                       edgecolor=f"C{j}")
-                ax.annotate(f"<= {tps:,.0f}\n(HBM bound)", (x, tps), ha="center",
-                            va="bottom", fontsize=7)
             else:
                 ax.annotate(c["status"], (x, 0.03), xycoords=ax.get_xaxis_transform(),
                             ha="center", va="bottom", fontsize=7, rotation=90, color=f"C{j}")
@@ -266,7 +230,7 @@ def plot_tokens_per_second(suite: dict) -> bytes:
     ax.set_ylim(bottom=bottom, top=max(rates) * 3 if rates else 10.0)
     ax.set_xticks(range(len(models)), models)
     ax.set_xlim(-0.5, len(models) - 0.5)
-    ax.set_ylabel("tokens/s (batch-1 decode; hatched = bound)")
+    ax.set_ylabel("tokens/s (batch-1 decode, emulated)")
     ax.set_title(f"Decode tokens/s, weights {suite['meta']['dtype']}")
     from matplotlib.patches import Patch
 

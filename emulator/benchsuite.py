@@ -208,7 +208,7 @@ class Case:
 
     model: str
     machine: str
-    status: str = "pending"  # "ok" | "bound" (HBM floor only) | "not compiled" | "not loaded"
+    status: str = "pending"  # "ok" | "not compiled" | "not loaded" | "run failed"
     #                                 | "run failed"
     reason: str = ""  # the one-line reason when not ok
     max_context: int | None = None
@@ -243,8 +243,6 @@ def compile_case(spec: ModelSpec, machine, dtype: str, max_context: int | None):
                                              shape_only=True)
             return program, report, ctx
         except CompileError as e:
-            if is_hbm(machine):  # no HBM target: the same refusal at every context
-                return None, str(e), None
             reason = f"max_context {ctx}: {e}"  # a shorter context may fit
     return None, reason, None
 
@@ -342,19 +340,6 @@ def measure(case: Case, figures: ModelFigures, machine, dtype: str, result,
                    for name, floor in floors]
 
 
-def bound_case(case: Case, figures: ModelFigures, machine, dtype: str) -> None:
-    """The bandwidth bound of an HBM machine the compiler cannot target yet: batch-1 decode
-    reads every weight once a token, so no program runs faster than weight bytes / peak HBM
-    bandwidth (and at the preset's achievable fraction it takes weight bytes / (peak x
-    efficiency)). Stored as figures with "bound": True; nothing here is an emulated run."""
-    wbytes = figures.weight_bytes(dtype)
-    floor = wbytes / machine.hbm_bandwidth
-    case.figures = {"bound": True, "weight_bytes_per_token": wbytes,
-                    "seconds_per_token": floor, "tokens_per_second": 1.0 / floor,
-                    "achievable_seconds_per_token": floor / machine.hbm_efficiency,
-                    "params": figures.params}
-
-
 def run_case(case: Case, machine, dtype: str, program, position: int, figures: ModelFigures,
              tick) -> None:
     """Load `program` timing-only and run one decode step at `position` into `case`."""
@@ -401,11 +386,7 @@ def run_model(spec: ModelSpec, machines, dtype: str, max_context: int | None,
         program, report, ctx = compile_case(spec, m, dtype, max_context)
         case.host["compile_seconds"] = time.perf_counter() - t0
         case.host["peak_rss_bytes"] = peak_rss_bytes()
-        if program is None and is_hbm(m):
-            # No HBM compiler target yet: show what physics allows that machine (every weight
-            # streamed once a token at peak bandwidth), marked as a bound, never as a run.
-            case.status, case.reason = "bound", report
-        elif program is None:
+        if program is None:
             case.status, case.reason = "not compiled", report
         else:
             case.max_context, case.pes = ctx, report.pes
@@ -416,9 +397,6 @@ def run_model(spec: ModelSpec, machines, dtype: str, max_context: int | None,
         figures = model_figures(load_graph(spec.folder, shape_only=True))
     except CompileError as e:
         raise BenchError(f"{spec.name}: {e}") from None
-    for m, case in zip(machines, cases):
-        if case.status == "bound":
-            bound_case(case, figures, m, dtype)
     if not compiled:
         for _ in cases:
             tick.advance()

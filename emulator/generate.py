@@ -23,6 +23,9 @@ from emulator.result import RUN_HALTED
 from isa.program import Program
 
 
+KERNEL = -2  # the "layer" of every core of an HBM-target kernel (isa/compiler/hbm.py)
+
+
 @dataclass
 class GenerateResult:
     generated_ids: list[int]
@@ -73,6 +76,8 @@ class Generator:
         self.last_result = None
 
     def _pe_layers(self, info) -> np.ndarray:
+        if info.get("target") == "hbm":  # one kernel: every core works on every layer
+            return np.full(self.loaded.pe_region.shape, KERNEL, dtype=np.int64)
         # region names are "s<stage id>.<stage name>...": map every PE to its stage's layer
         layers = [s["layer"] for s in info["stages"]]
         region_layer = np.array([layers[int(r.name[1:].split(".", 1)[0])]
@@ -164,6 +169,8 @@ class Generator:
                               decode_token if self.timing_only else None, note)
 
     def _layer_name(self, layer: int) -> str:
+        if layer == KERNEL:
+            return "all layers (one kernel)"
         if layer < 0:
             return "embed"
         return "head" if layer >= self.layers else f"layer {layer}"

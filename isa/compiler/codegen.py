@@ -14,8 +14,8 @@ import numpy as np
 
 from isa.builder import ProgramBuilder, RegionBuilder
 from isa.compiler.codegen_attn import AttentionCodegen
-from isa.compiler.emit import (I32, PR, QR, ZF, ZR, Labels, at, drop, forward, mem, parity,
-                               positions, recv, send, stage_position)
+from isa.compiler.emit import (I32, PR, QR, ZF, ZR, Labels, at, drop, forward, mem, norm_code,
+                               parity, positions, recv, send, stage_position)
 from isa.compiler.lower import CompileError, Flow, Plan, Stage
 from isa.compiler.placement import WEIGHT_BYTES, Placed, table_rows, vector_layout
 
@@ -269,30 +269,7 @@ class Codegen(AttentionCodegen):
 
     def norm(self, rb, kind, dst, src, n: int, off, attrs, params) -> None:
         """LayerNorm / RMSNorm of one position (at offset register off)."""
-        mem(rb, "d1", dst, n)
-        at(rb, "d1", off, dst)
-        mem(rb, "d2", src, n)
-        at(rb, "d2", off, src)
-        rb.fli("f7", 1.0 / n)
-        rb.fli("f8", float(attrs["eps"]))
-        if kind == "layernorm":
-            rb.rsum("f1", "d2")
-            rb.fmul("f1", "f1", "f7")  # mean
-            rb.fsub("f1", ZF, "f1")
-            rb.vadds("d1", "d2", "f1")  # x - mean
-            rb.rdot("f2", "d1", "d1")
-        else:
-            rb.vmov("d1", "d2")
-            rb.rdot("f2", "d2", "d2")
-        rb.fmul("f2", "f2", "f7")
-        rb.fadd("f2", "f2", "f8")
-        rb.frsqrt("f3", "f2")
-        rb.vmuls("d1", "d1", "f3")
-        mem(rb, "d3", params[attrs["params"][0]], n, self.dtype)
-        rb.vmul("d1", "d1", "d3")
-        if kind == "layernorm":
-            mem(rb, "d3", params[attrs["params"][1]], n, self.dtype)
-            rb.vadd("d1", "d1", "d3")
+        norm_code(rb, kind, dst, src, n, off, attrs, params, self.dtype)
 
     # -- embed ----------------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from isa.compiler.emit import I32, ZF, ZR, at, drop, mem, positions, recv, send
+from isa.compiler.emit import I32, ZF, ZR, at, drop, mem, positions, recv, rope_code, send
 from isa.compiler.lower import Stage
 from isa.compiler.placement import Placed
 
@@ -154,23 +154,7 @@ class AttentionCodegen:
         return names
 
     def rope(self, rb, x, reg, tmp, hd) -> None:
-        """x = x * cos + swap_halves(x) * sin', with sin' = (-sin, sin) (rotate_half); x is at
-        address x (+ reg)."""
-        h = hd // 2
-        mem(rb, "d1", tmp, h)
-        mem(rb, "d2", x + h * 4, h)
-        at(rb, "d2", reg, x + h * 4)
-        rb.vmov("d1", "d2")
-        mem(rb, "d1", tmp + h * 4, h)
-        mem(rb, "d2", x, h)
-        at(rb, "d2", reg, x)
-        rb.vmov("d1", "d2")
-        mem(rb, "d1", tmp, hd)
-        rb.vmul("d1", "d1", "d5")
-        mem(rb, "d2", x, hd)
-        at(rb, "d2", reg, x)
-        rb.vmul("d2", "d2", "d4")
-        rb.vadd("d2", "d2", "d1")
+        rope_code(rb, x, reg, tmp, hd)
 
     def chain_piece(self, rb, p: int, P: int, n: int, src, north, out_color) -> None:
         """Static version of gather() for a PE whose row p is known at compile time."""

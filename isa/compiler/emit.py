@@ -106,3 +106,55 @@ def parity(rb, labels, reg, even, odd):
     rb.label(lo)
     odd()
     rb.label(end)
+
+
+def norm_code(rb, kind, dst, src, n: int, off, attrs, params, dtype, mem=mem) -> None:
+    """LayerNorm / RMSNorm of one vector of n fp32 elements at dst <- src (plus register off
+    when not None); params maps the norm's weight names to their SRAM addresses (in `dtype`).
+    `mem(rb, d, addr, n[, dtype])` sets up an SRAM descriptor (the HBM target's reaches past
+    64 KB)."""
+    mem(rb, "d1", dst, n)
+    at(rb, "d1", off, dst)
+    mem(rb, "d2", src, n)
+    at(rb, "d2", off, src)
+    rb.fli("f7", 1.0 / n)
+    rb.fli("f8", float(attrs["eps"]))
+    if kind == "layernorm":
+        rb.rsum("f1", "d2")
+        rb.fmul("f1", "f1", "f7")  # mean
+        rb.fsub("f1", ZF, "f1")
+        rb.vadds("d1", "d2", "f1")  # x - mean
+        rb.rdot("f2", "d1", "d1")
+    else:
+        rb.vmov("d1", "d2")
+        rb.rdot("f2", "d2", "d2")
+    rb.fmul("f2", "f2", "f7")
+    rb.fadd("f2", "f2", "f8")
+    rb.frsqrt("f3", "f2")
+    rb.vmuls("d1", "d1", "f3")
+    mem(rb, "d3", params[attrs["params"][0]], n, dtype)
+    rb.vmul("d1", "d1", "d3")
+    if kind == "layernorm":
+        mem(rb, "d3", params[attrs["params"][1]], n, dtype)
+        rb.vadd("d1", "d1", "d3")
+
+
+def rope_code(rb, x, reg, tmp, hd: int, mem=mem) -> None:
+    """RoPE of one head in place: x = x * cos + swap_halves(x) * sin', sin' = (-sin, sin)
+    (transformers' rotate_half); x is at address x (+ register reg when not None), descriptors
+    d4 and d5 hold this position's cos and sin' rows, tmp is hd fp32 of scratch."""
+    h = hd // 2
+    mem(rb, "d1", tmp, h)
+    mem(rb, "d2", x + h * 4, h)
+    at(rb, "d2", reg, x + h * 4)
+    rb.vmov("d1", "d2")
+    mem(rb, "d1", tmp + h * 4, h)
+    mem(rb, "d2", x, h)
+    at(rb, "d2", reg, x)
+    rb.vmov("d1", "d2")
+    mem(rb, "d1", tmp, hd)
+    rb.vmul("d1", "d1", "d5")
+    mem(rb, "d2", x, hd)
+    at(rb, "d2", reg, x)
+    rb.vmul("d2", "d2", "d4")
+    rb.vadd("d2", "d2", "d1")

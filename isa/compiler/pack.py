@@ -65,6 +65,9 @@ class CompileReport:
     sram_mean: float
     colors: int
     stages: list = field(default_factory=list)  # dicts: name, kind, layer, rect, pes, sram
+    target: str = "mesh"  # "mesh" (weights resident in SRAM) | "hbm" (streamed from HBM)
+    hbm_bytes: int = 0  # HBM the program declares (weights, KV caches, activations)
+    weight_hbm_bytes: int = 0  # of which weight matrices, read once a token
 
     def layers(self) -> dict:
         """Per layer: the rectangles (x, y, w, h) of its stages."""
@@ -80,9 +83,15 @@ class CompileReport:
         lines = [f"{self.model}: {self.pes} PEs in a {self.fabric[0]} x {self.fabric[1]} box of "
                  f"machine '{self.machine}', {self.colors} colors, weights {self.dtype}, "
                  f"max_context {self.max_context}",
-                 f"SRAM per PE: max {self.sram_max} bytes, mean {self.sram_mean:.0f} bytes",
-                 f"{'stage':<34} {'kind':<7} {'at (x, y)':<12} {'w x h':<9} {'PEs':>6} "
-                 f"{'SRAM/PE':>8}"]
+                 f"SRAM per PE: max {self.sram_max} bytes, mean {self.sram_mean:.0f} bytes"]
+        if self.target == "hbm":
+            lines[0] = (f"{self.model}: one kernel on all {self.pes} cores of machine "
+                        f"'{self.machine}' (weights streamed from HBM), weights {self.dtype}, "
+                        f"max_context {self.max_context}")
+            lines.append(f"HBM: {self.hbm_bytes / 1e9:.3f} GB declared, of which weight "
+                         f"matrices {self.weight_hbm_bytes / 1e9:.3f} GB (read once a token)")
+        lines.append(f"{'stage':<34} {'kind':<7} {'at (x, y)':<12} {'w x h':<9} {'PEs':>6} "
+                     f"{'SRAM/PE':>8}")
         for s in self.stages:
             x, y, w, h = s["rect"]
             lines.append(f"{s['name'][:34]:<34} {s['kind']:<7} {f'({x}, {y})':<12} "

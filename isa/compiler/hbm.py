@@ -1,0 +1,932 @@
+"""The HBM target: a decode step as one persistent kernel over every core of a GPU preset.
+
+What a GPU does for batch-1 decode, written for the emulator's HBM machines (h100, h200, a100:
+SMs as a C x 1 row of cores, shared memory as SRAM, every weight in HBM). The same lowered
+plan as the mesh target (isa.compiler.lower: embed, vector, gemv and attn stages in order),
+mapped differently:
+
+- Every core runs every stage, in plan order (one region, SPMD on the core index X); between
+  stages a grid barrier over the fabric (a binary gather tree into core 0, then a multicast
+  from core 0 back to every core; only the half a stage boundary needs).
+- Every weight lives in HBM and is read once a token. A gemv stage's matrices (stacked by rows,
+  as on the mesh) are stored as consecutive column-major row tiles of tr x K (the layout `mv`
+  reads, one DMA a tile); tile t belongs to core t % C, which streams its tiles with double
+  buffering: the DMA of the next tile runs while `mv` works on this one (tags 0 and 1), and the
+  y pieces go back with `dmast` (tags 2 and 3).
+- Every value that crosses stages (a Flow) is an fp32 buffer in HBM: the producer stores it,
+  waits for the store, the barrier passes, and the consumer loads it. A real GPU would hit L2
+  for these; this model has none, so each core's read of a gemv input is HBM traffic (a few %
+  of the weight bytes; counted in hbm_read_bytes, never hidden).
+- Embed and vector stages (gathers, residual adds, norms) run on core 0. Attention runs one KV
+  head a core (heads g = X, X + C, ...), with its query heads; the K and V caches are in HBM,
+  a position a row: the new k and v are appended with `dmast`, then the cached positions are
+  read back in chunks of CH rows (scores with `mm`, softmax, weighted sum with `mva`).
+- Transformer layers whose code is identical run as a loop over per-layer HBM blocks (a
+  register holds the block's base; a GPU kernel's weight pointers), so code stays small at 32
+  layers. The code is compared, not assumed: a layer whose code differs is emitted on its own.
+- input_ids and position_ids are SRAM pieces on every core (timing-only mode keeps host inputs
+  known); outputs (logits) are HBM pieces the host reads after the run.
+
+Decode only: one position a run (T = 1), causal attention; encoders are refused in one line.
+Register conventions: r15 = 0, r12 = the layer block's HBM base, r11 = the layer loop counter;
+r0-r10 and r13 are stage scratch; d13-d15 are the barrier's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from isa.builder import ProgramBuilder
+from isa.compiler.codegen_attn import _rope_tables
+from isa.compiler.emit import I32, ZF, ZR, Labels, norm_code, rope_code
+from isa.compiler.lower import CompileError, Plan, Stage
+from isa.compiler.pack import CompileReport, Weights, declare_symbols
+from isa.compiler.placement import WEIGHT_BYTES
+from isa.errors import BuildError
+from isa.spec import INSTR_BYTES
+
+RL, RC = "r12", "r11"  # layer block base address (HBM), layer loop counter
+S0 = "r10"  # scratch of smem for lengths past 16 bits
+MAX_TILE = 64 * 1024  # weight tile bytes: large enough to amortise a DMA, two fit any SM
+KV_CHUNK_BYTES = 32 * 1024  # K (or V) rows read back a DMA
+IO_BYTES = 64  # input_ids, position_ids, the barrier token
+
+
+@dataclass(frozen=True)
+class Ha:
+    """An HBM address: `off` bytes from 0, or from the layer block's base (r12) when layer."""
+
+    off: int
+    layer: bool = False
+
+
+def li64(rb, reg: str, v: int) -> None:
+    """reg = v for any non-negative address (li takes 32 bits)."""
+    if -2 ** 31 <= v < 2 ** 31:
+        rb.li(reg, v)
+        return
+    rb.li(reg, v >> 20)
+    rb.shli(reg, reg, 20)
+    if v & 0xFFFFF:
+        rb.addi(reg, reg, v & 0xFFFFF)
+
+
+def smem(rb, d, addr: int, n, dtype="f32") -> None:
+    """SRAM descriptor d: n elements (an int or a register) at addr, anywhere in SRAM (dmem
+    takes 16-bit addresses and lengths)."""
+    small = isinstance(n, int) and n < 65536
+    if small and addr < 65536:
+        rb.dmem(d, dtype, addr, n)
+        return
+    rb.dmem(d, dtype, 0, n if small else 0)
+    rb.daddr(d, ZR, addr)
+    if not small:
+        if isinstance(n, int):
+            rb.li(S0, n)
+            n = S0
+        rb.dlen(d, n)
+
+
+class _Arena:
+    """Bump allocation of one stage's SRAM buffers (every stage reuses the same space)."""
+
+    def __init__(self, base: int, limit: int, what: str, machine):
+        self.base, self.top, self.limit, self.what, self.machine = base, base, limit, what, machine
+
+    def take(self, nbytes: int, align: int = 64) -> int:
+        addr = -(-self.top // align) * align
+        self.top = addr + nbytes
+        if self.top > self.limit:
+            raise CompileError(f"stage '{self.what}' needs {self.top} bytes of SRAM a core but "
+                               f"machine '{self.machine.name}' has {self.machine.sram_bytes} "
+                               f"(with {self.base} for code): use a smaller max_context")
+        return addr
+
+
+class _Recorder:
+    """Stands in for a RegionBuilder: records every call, so that two layers' code compares."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        def record(*args, **kwargs):
+            self.calls.append((name, args, tuple(sorted(kwargs.items()))))
+        return record
+
+
+@dataclass
+class _Gemv:
+    tr: int
+    nt: int  # tiles
+    tile_bytes: int
+    tiles: Ha
+    bias: Ha | None
+
+
+@dataclass
+class _Layout:
+    """HBM addresses of everything, and the per-stage choices the code depends on."""
+
+    flows: dict = field(default_factory=dict)  # flow id -> absolute HBM address
+    outputs: dict = field(default_factory=dict)  # output symbol -> absolute HBM address
+    gemv: dict = field(default_factory=dict)  # stage id -> _Gemv
+    params: dict = field(default_factory=dict)  # stage id -> {weight name: Ha}
+    tables: dict = field(default_factory=dict)  # stage id -> [Ha]
+    kv: dict = field(default_factory=dict)  # stage id -> (K Ha, V Ha, chunk rows)
+    rope: dict = field(default_factory=dict)  # stage id -> (cos, sin) absolute addresses
+    blocks: list = field(default_factory=list)  # per layer: HBM address of its block
+    weight_bytes: int = 0
+    kv_bytes: int = 0
+
+
+def _bodies(plan: Plan) -> list[list[int]]:
+    """The stage ids of each transformer layer's repeating part: the last P stages of every
+    layer, P = the last layer's stage count (layer 0 also has the first norm before it). []
+    when the layers do not all have that many stages."""
+    L = plan.graph.config.layers
+    by_layer: dict[int, list[int]] = {}
+    for s in plan.stages:
+        by_layer.setdefault(s.layer, []).append(s.id)
+    if L < 1 or any(lay not in by_layer for lay in range(L)):
+        return []
+    P = len(by_layer[L - 1])
+    if any(len(by_layer[lay]) < P for lay in range(L)):
+        return []
+    return [by_layer[lay][-P:] for lay in range(L)]
+
+
+def _norm_params(s: Stage) -> list[str]:
+    """The norm weights of a vector stage, in the order of first use."""
+    return list(dict.fromkeys(w for op in s.ops for w in op[3].get("params", ())))
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def _tile_rows(s: Stage, cores: int, wbytes: int, budget: int) -> int:
+    """Tile rows tr for a gemv stage: a divisor of every matrix's rows (tiles never straddle
+    two matrices), tiles of at most MAX_TILE bytes that two of fit `budget`, and among those
+    the largest that still gives every core a tile (or the smallest when none does)."""
+    K = s.in_len
+    g = 0
+    for m in s.matrices:
+        g = math.gcd(g, m.out)
+    fits = [d for d in _divisors(g)
+            if d * K * wbytes <= MAX_TILE and 2 * d * K * wbytes + 4 * (d * 4 + 64) <= budget]
+    if not fits:
+        raise CompileError(f"stage '{s.name}': one row of {K} weights does not fit two tile "
+                           f"buffers in a core's SRAM ({budget} bytes free)")
+    busy = [d for d in fits if s.out_len // d >= cores]
+    return max(busy) if busy else min(fits)
+
+
+class HbmCompiler:
+    """Emits the kernel of a lowered plan for an HBM machine (module docstring)."""
+
+    def __init__(self, plan: Plan, machine, dtype: str, shape_only: bool, base_dir, name: str,
+                 double_buffer: bool = True):
+        self.double_buffer = double_buffer  # False: no prefetch (to measure what it buys)
+        if plan.T != 1:
+            raise CompileError(f"the HBM target compiles one position a run (decode), not "
+                               f"{plan.T}: encoders (attention over the whole sequence in one "
+                               f"run) are not supported on machine '{machine.name}'")
+        for s in plan.stages:
+            if s.kind == "attn" and not s.attrs.get("causal", True):
+                raise CompileError(f"stage '{s.name}': the HBM target supports causal "
+                                   f"attention only")
+        self.plan, self.machine, self.dtype = plan, machine, dtype
+        self.shape_only, self.base_dir, self.name = shape_only, base_dir, name
+        self.C = machine.width * machine.height
+        if machine.height != 1:
+            raise CompileError(f"machine '{machine.name}': the HBM target expects its cores as "
+                               f"one row (height 1), got {machine.width} x {machine.height}")
+        self.wb = WEIGHT_BYTES[dtype]
+        self.bodies = _bodies(plan)
+        self.body_of = {sid: (lay, i) for lay, ids in enumerate(self.bodies)
+                        for i, sid in enumerate(ids)}
+        self.rounds = max(0, math.ceil(math.log2(self.C))) if self.C > 1 else 0
+        if self.C > 1 and self.rounds + 1 > machine.colors:
+            raise CompileError(f"machine '{machine.name}': the grid barrier needs "
+                               f"{self.rounds + 1} colors, the machine has {machine.colors}")
+
+    # -- entry ----------------------------------------------------------------------------------
+
+    def compile(self):
+        """(Program, CompileReport). The code sits below the SRAM buffers, so its size is
+        reserved first and the kernel rebuilt when it does not fit the reserve."""
+        reserve = 16 * 1024
+        for _ in range(4):
+            program, report, code_bytes = self._attempt(reserve)
+            if code_bytes <= reserve:
+                return program, report
+            reserve = -(-code_bytes // 4096) * 4096 + 4096
+        raise CompileError(f"internal: the kernel's code ({code_bytes} bytes) does not settle")
+
+    def _attempt(self, reserve: int):
+        m = self.machine
+        if reserve + IO_BYTES >= m.sram_bytes:
+            raise CompileError(f"the kernel's code ({reserve} bytes) does not fit a core's SRAM "
+                               f"({m.sram_bytes} bytes) on machine '{m.name}'")
+        pb = ProgramBuilder(self.name)
+        declare_symbols(pb, self.plan)
+        self.pb = pb
+        self.weights = Weights(pb, self.base_dir)
+        self.io = reserve
+        self.arena0 = reserve + IO_BYTES
+        self.need = {}
+        self.layout = self._layout(pb)
+        self._hbm_inits(pb)
+        self._routes(pb)
+        rb = pb.region("gpu", 0, 0, self.C, 1)
+        rb.alloc("io", IO_BYTES, at=self.io)
+        for name in ("input_ids", "position_ids"):
+            rb.piece(name, self.io + (0 if name == "input_ids" else 4), I32, (1, 1))
+        pb.tensor("default_position_ids", np.zeros(1, dtype=np.int32))
+        rb.load("default_position_ids", self.io + 4, I32, (1, 1))
+        self.rb = rb
+        self._emit()
+        rb.halt()
+        top = max(self.need.values(), default=self.arena0)
+        if top > self.arena0:
+            rb.alloc("arena", top - self.arena0, at=self.arena0)
+        code_bytes = rb.pc * INSTR_BYTES
+        if code_bytes > reserve:
+            return None, None, code_bytes
+        cfg = self.plan.graph.config
+        stages = [dict(name=s.name, kind=s.kind, layer=s.layer, rect=[0, 0, self.C, 1],
+                       sram=self.need.get(s.id, self.arena0))
+                  for s in self.plan.stages]
+        pb.meta("compiler", {"family": cfg.family, "dtype": self.dtype,
+                             "max_context": cfg.max_context, "vocab": cfg.vocab,
+                             "hidden": cfg.hidden, "layers": cfg.layers, "target": "hbm",
+                             "weight_hbm_bytes": self.layout.weight_bytes,
+                             "kv_hbm_bytes": self.layout.kv_bytes, "stages": stages})
+        try:
+            program = pb.build()
+        except BuildError as e:
+            raise CompileError(f"internal: the generated program is invalid: {e}") from None
+        if program.hbm_bytes > m.hbm_bytes:
+            raise CompileError(
+                f"the model needs {program.hbm_bytes / 1e9:.2f} GB of HBM (weight matrices "
+                f"{self.layout.weight_bytes / 1e9:.2f} GB, KV caches "
+                f"{self.layout.kv_bytes / 1e9:.2f} GB, embedding tables, norms and activations "
+                f"the rest) but "
+                f"machine '{m.name}' has {m.hbm_bytes / 1e9:.2f} GB")
+        sram = program.region_sram_bytes(program.regions[0])
+        report = CompileReport(
+            model=self.name, machine=m.name, dtype=self.dtype, max_context=cfg.max_context,
+            fabric=(self.C, 1), pes=self.C, sram_max=sram, sram_mean=float(sram),
+            colors=program.colors_used(), stages=stages, target="hbm",
+            hbm_bytes=program.hbm_bytes, weight_hbm_bytes=self.layout.weight_bytes)
+        return program, report, code_bytes
+
+    # -- HBM layout -----------------------------------------------------------------------------
+
+    def _layout(self, pb) -> _Layout:
+        lay = _Layout()
+        plan, wb = self.plan, self.wb
+        budget = self.machine.sram_bytes - self.arena0
+        seen_rope: dict = {}
+        # per-layer blocks: the same order and sizes in every layer, so a fixed stride apart
+        offsets: dict[int, dict] = {}
+        block = 0
+
+        def bump(size: int) -> int:
+            nonlocal block
+            off = block
+            block += -(-size // 64) * 64
+            return off
+        for i, sid in enumerate(self.bodies[0] if self.bodies else []):
+            offsets[i] = self._stage_hbm(plan.stages[sid], bump, budget)
+        block_bytes = block
+        for n in range(len(self.bodies)):
+            lay.blocks.append(pb.hbm_alloc(f"layers.{n}", block_bytes))
+        for s in plan.stages:
+            if s.id in self.body_of:
+                n, i = self.body_of[s.id]
+                self._record(lay, s, offsets[i], layer=True)
+            else:
+                def alloc(size, s=s, k=[0]):  # noqa: B006 - a counter per stage
+                    k[0] += 1
+                    return pb.hbm_alloc(f"s{s.id}.{k[0]}", size)
+                self._record(lay, s, self._stage_hbm(s, alloc, budget), layer=False)
+            if s.kind == "attn" and (s.attrs["rope_q"] or s.attrs["rope_k"]):
+                a = s.attrs
+                key = (a["max_context"], a["head_dim"], (a["rope_q"] or a["rope_k"])[1])
+                if key not in seen_rope:
+                    size = key[0] * key[1] * 4
+                    seen_rope[key] = (pb.hbm_alloc(f"rope_cos_{s.id}", size),
+                                      pb.hbm_alloc(f"rope_sin_{s.id}", size))
+                lay.rope[s.id] = seen_rope[key]
+        # flows: one buffer per consumer role, so every layer's code reads the same addresses
+        # (a flow into stage i of a layer's repeating part, input slot k, is the same buffer in
+        # every layer; it is rewritten one layer later, after its reader has run)
+        period = len(self.bodies[0]) if self.bodies else 0
+        keyed: dict = {}
+        for f in plan.flows:
+            key = ("flow", f.id)
+            if f.dst in self.body_of and f.dst - f.src < period:
+                key = ("role", self.body_of[f.dst][1], plan.stages[f.dst].in_flows.index(f.id),
+                       f.length)
+            if key not in keyed:
+                keyed[key] = pb.hbm_alloc(f"flow{f.id}.{f.what}", f.length * 4)
+            lay.flows[f.id] = keyed[key]
+        for name, shape in plan.symbols.items():
+            if name not in ("input_ids", "position_ids"):
+                lay.outputs[name] = pb.hbm_alloc(f"out.{name}", int(np.prod(shape)) * 4)
+                pb.hbm_piece(name, lay.outputs[name], "f32")
+        # weight and KV bytes, counted once per layer
+        for s in plan.stages:
+            if s.kind == "gemv":
+                lay.weight_bytes += s.out_len * s.in_len * wb
+            elif s.kind == "attn":
+                a = s.attrs
+                lay.kv_bytes += 2 * a["n_kv_heads"] * a["max_context"] * a["head_dim"] * 4
+        return lay
+
+    def _stage_hbm(self, s: Stage, alloc, budget: int) -> dict:
+        """Allocate stage s's weights (and KV caches) with alloc(size) -> address; returns
+        what _record needs."""
+        wb = self.wb
+        if s.kind == "gemv":
+            x_bytes = s.in_len * 4 * (2 if s.prologue == "swiglu" else 1)
+            tr = _tile_rows(s, self.C, wb, budget - x_bytes - 64)
+            out = {"tr": tr, "tiles": alloc(s.out_len * s.in_len * wb)}
+            if any(m.bias for m in s.matrices):
+                out["bias"] = alloc(s.out_len * 4)
+            return out
+        if s.kind == "vector":
+            n = s.attrs["hidden"]
+            return {"params": [alloc(n * wb) for _ in _norm_params(s)]}
+        if s.kind == "embed":
+            n = s.attrs["hidden"]
+            return {"tables": [alloc(ref.shape[0] * n * wb) for _, ref, _ in s.tables]}
+        if s.kind == "attn":
+            a = s.attrs
+            size = a["n_kv_heads"] * a["max_context"] * a["head_dim"] * 4
+            return {"k": alloc(size), "v": alloc(size)}
+        raise CompileError(f"stage '{s.name}': kind {s.kind!r} has no HBM mapping")
+
+    def _record(self, lay: _Layout, s: Stage, got: dict, layer: bool) -> None:
+        if s.kind == "gemv":
+            tr = got["tr"]
+            lay.gemv[s.id] = _Gemv(tr, s.out_len // tr, tr * s.in_len * self.wb,
+                                   Ha(got["tiles"], layer),
+                                   Ha(got["bias"], layer) if "bias" in got else None)
+        elif s.kind == "vector":
+            lay.params[s.id] = {w: Ha(a, layer) for w, a in zip(_norm_params(s), got["params"])}
+        elif s.kind == "embed":
+            lay.tables[s.id] = [Ha(a, layer) for a in got["tables"]]
+        else:
+            a = s.attrs
+            chunk = max(1, min(a["max_context"], KV_CHUNK_BYTES // (a["head_dim"] * 4)))
+            lay.kv[s.id] = (Ha(got["k"], layer), Ha(got["v"], layer), chunk)
+
+    def _abs(self, s: Stage, ha: Ha) -> int:
+        """The absolute HBM address of ha for stage s (its layer's block when relative)."""
+        return ha.off + (self.layout.blocks[self.body_of[s.id][0]] if ha.layer else 0)
+
+    def _hbm_inits(self, pb) -> None:
+        """Weights (functional programs only) and the RoPE tables into HBM."""
+        lay, wd = self.layout, self.dtype
+        done_rope = set()
+        for s in self.plan.stages:
+            if s.id in lay.rope and lay.rope[s.id] not in done_rope:
+                a = s.attrs
+                rope = a["rope_q"] or a["rope_k"]
+                tables = _rope_tables(rope, a["max_context"], a["head_dim"])
+                for addr, table, kind in zip(lay.rope[s.id], tables, ("cos", "sin")):
+                    tname = f"rope_{kind}_{s.id}"
+                    pb.tensor(tname, table)
+                    pb.hbm_init(tname, addr, "f32", order="C")
+                done_rope.add(lay.rope[s.id])
+            if self.shape_only:
+                continue
+            if s.kind == "gemv":
+                g = lay.gemv[s.id]
+                row0 = 0
+                for m in s.matrices:
+                    pb.hbm_init(self.weights.tensor(m.ref),
+                                self._abs(s, g.tiles) + row0 * s.in_len * self.wb, wd,
+                                tile_rows=g.tr, order="F", transpose=m.ref.transpose,
+                                rows=m.ref.rows)
+                    if m.bias_ref is not None:
+                        pb.hbm_init(self.weights.tensor(m.bias_ref),
+                                    self._abs(s, g.bias) + row0 * 4, "f32", order="F",
+                                    rows=m.bias_ref.rows)
+                    row0 += m.out
+            elif s.kind == "vector":
+                for w, ha in lay.params[s.id].items():
+                    ref = self.plan.graph.weights[w]
+                    pb.hbm_init(self.weights.tensor(ref), self._abs(s, ha), wd, order="F",
+                                transpose=ref.transpose, rows=ref.rows)
+            elif s.kind == "embed":
+                for (_, ref, _), ha in zip(s.tables, lay.tables[s.id]):
+                    pb.hbm_init(self.weights.tensor(ref), self._abs(s, ha), wd, order="C",
+                                transpose=ref.transpose, rows=ref.rows)
+
+    # -- the grid barrier -----------------------------------------------------------------------
+
+    def _routes(self, pb) -> None:
+        """Colors 0 .. rounds-1: the gather tree (round r: core a + 2^r sends west to core a,
+        a a multiple of 2^(r+1)); color `rounds`: core 0's multicast east to every core."""
+        C = self.C
+        if C == 1:
+            return
+        for r in range(self.rounds):
+            step = 1 << r
+            for a in range(0, C, 2 * step):
+                b = a + step
+                if b >= C:
+                    continue
+                pb.route(b, 0, 1, 1, r, "RAMP", "W")
+                if b - a > 1:
+                    pb.route(a + 1, 0, b - a - 1, 1, r, "E", "W")
+                pb.route(a, 0, 1, 1, r, "E", "RAMP")
+        bc = self.rounds
+        pb.route(0, 0, 1, 1, bc, "RAMP", "E")
+        if C > 2:
+            pb.route(1, 0, C - 2, 1, bc, "W", "E|RAMP")
+        pb.route(C - 1, 0, 1, 1, bc, "W", "RAMP")
+
+    def _token(self, rb, color: int, send: bool) -> None:
+        smem(rb, "d13", self.io + 8, 1)
+        if send:
+            rb.dfout("d14", "f32", color, 1)
+            rb.vmov("d14", "d13")
+        else:
+            rb.dfin("d15", "f32", color, 1)
+            rb.vmov("d13", "d15")
+
+    def barrier(self, kind: str) -> None:
+        """'gather': core 0 continues once every core has arrived; 'bcast': every core waits
+        for core 0; 'full': both. Each core's DMAs are complete before it arrives."""
+        rb, L, C = self.rb, self.labels, self.C
+        if C == 1 or kind == "none":
+            return
+        if kind in ("gather", "full"):
+            out = L("gathered")
+            for r in range(self.rounds):
+                step = 1 << r
+                send, skip = L("tree_send"), L("tree_skip")
+                rb.andi("r0", "X", 2 * step - 1)
+                rb.li("r1", step)
+                rb.beq("r0", "r1", send)
+                rb.addi("r0", "X", step)
+                rb.li("r1", C)
+                rb.bge("r0", "r1", skip)
+                self._token(rb, r, send=False)
+                rb.jmp(skip)
+                rb.label(send)
+                self._token(rb, r, send=True)
+                rb.jmp(out)
+                rb.label(skip)
+            rb.label(out)
+        if kind in ("bcast", "full"):
+            other, done = L("bcast_wait"), L("bcast_done")
+            rb.bne("X", ZR, other)
+            self._token(rb, self.rounds, send=True)
+            rb.jmp(done)
+            rb.label(other)
+            self._token(rb, self.rounds, send=False)
+            rb.label(done)
+
+    @staticmethod
+    def _one_core(s: Stage) -> bool:
+        return s.kind in ("embed", "vector")
+
+    def _barrier_kind(self, a: Stage, b: Stage | None) -> str:
+        if b is None:
+            return "none"
+        one_a, one_b = self._one_core(a), self._one_core(b)
+        if one_a and one_b:
+            return "none"  # core 0 after core 0: its own DMAs are waited for
+        return "bcast" if one_a else ("gather" if one_b else "full")
+
+    # -- the kernel ------------------------------------------------------------------------------
+
+    def _emit(self) -> None:
+        stages = self.plan.stages
+        nxt = {s.id: (stages[s.id + 1] if s.id + 1 < len(stages) else None) for s in stages}
+        real = self.rb
+        # which consecutive layers share their code: record each layer's, compare
+        codes = []
+        for ids in self.bodies:
+            self.rb, self.labels = _Recorder(), Labels()
+            for sid in ids:
+                self.stage(stages[sid], nxt[sid])
+            codes.append(self.rb.calls)
+        self.rb, self.labels = real, Labels()
+        blocks = self.layout.blocks
+        runs, n = [], 0
+        while n < len(self.bodies):
+            end = n + 1
+            while (end < len(self.bodies) and codes[end] == codes[n]
+                   and blocks[end] - blocks[end - 1] == blocks[n + 1] - blocks[n]):
+                end += 1
+            runs.append((n, end))
+            n = end
+        first_of = {self.bodies[a][0]: (a, b) for a, b in runs}
+        sid = 0
+        while sid < len(stages):
+            if sid in first_of:
+                a, b = first_of[sid]
+                self.layer_run(a, b)
+                sid = self.bodies[b - 1][-1] + 1
+                continue
+            self.stage(stages[sid], nxt[sid])
+            sid += 1
+
+    def layer_run(self, a: int, b: int) -> None:
+        """Layers a .. b-1 (identical code): a loop over their HBM blocks, or straight code."""
+        rb, blocks = self.rb, self.layout.blocks
+        li64(rb, RL, blocks[a])
+        top = self.labels(f"layers_{a}_{b}")
+        if b - a > 1:
+            rb.li(RC, b - a)
+            rb.label(top)
+        for sid in self.bodies[a]:
+            s = self.plan.stages[sid]
+            self.stage(s, self.plan.stages[sid + 1] if sid + 1 < len(self.plan.stages)
+                       else None)
+        if b - a > 1:
+            stride = blocks[a + 1] - blocks[a]
+            if stride < 2 ** 31:
+                rb.addi(RL, RL, stride)
+            else:
+                li64(rb, "r0", stride)
+                rb.add(RL, RL, "r0")
+            rb.addi(RC, RC, -1)
+            rb.bne(RC, ZR, top)
+
+    def stage(self, s: Stage, nxt: Stage | None) -> None:
+        self.arena = _Arena(self.arena0, self.machine.sram_bytes, s.name, self.machine)
+        getattr(self, f"emit_{s.kind}")(s)
+        self.need[s.id] = max(self.need.get(s.id, 0), self.arena.top)
+        self.barrier(self._barrier_kind(s, nxt))
+
+    def hbm(self, reg: str, s: Stage, ha: Ha) -> None:
+        """reg = the HBM address ha (relative to the layer block inside a layer's code)."""
+        if ha.layer:
+            li64(self.rb, reg, ha.off)
+            self.rb.add(reg, reg, RL)
+        else:
+            li64(self.rb, reg, self._abs(s, ha))
+
+    # -- stages -----------------------------------------------------------------------------------
+
+    def emit_gemv(self, s: Stage) -> None:
+        """Stream this core's tiles t = X, X + C, ... double-buffered (module docstring)."""
+        rb, L, C, A = self.rb, self.labels, self.C, self.arena
+        g, wd = self.layout.gemv[s.id], self.dtype
+        K, tr = s.in_len, g.tr
+        kx = K * (2 if s.prologue == "swiglu" else 1)
+        x = A.take(kx * 4)
+        wa, wbuf = A.take(g.tile_bytes), A.take(g.tile_bytes)
+        ya, yb = A.take(tr * 4), A.take(tr * 4)
+        ba, bb = (A.take(tr * 4), A.take(tr * 4)) if g.bias else (None, None)
+        dests = [Ha(self.layout.flows[f]) for f in s.out_flows]
+        dests += [Ha(self.layout.outputs[name]) for name, _ in s.outputs]
+        step, ystep = C * g.tile_bytes, C * tr * 4
+        (fin,) = s.in_flows
+        self.hbm("r0", s, Ha(self.layout.flows[fin]))
+        smem(rb, "d2", x, kx)
+        rb.dmald("d2", "r0", 4)
+        rb.li("r3", g.nt // C)  # r3: this core's tiles left
+        if g.nt % C:
+            more = L("more")
+            rb.li("r1", g.nt % C)
+            rb.bge("X", "r1", more)
+            rb.addi("r3", "r3", 1)
+            rb.label(more)
+        self.hbm("r1", s, g.tiles)  # r1: HBM address of this core's next tile
+        rb.muli("r2", "X", g.tile_bytes)
+        rb.add("r1", "r1", "r2")
+        rb.muli("r2", "X", tr * 4)  # r2: byte offset of its next y piece
+        if g.bias:
+            self.hbm("r5", s, g.bias)  # r5: its next bias piece
+            rb.add("r5", "r5", "r2")
+        smem(rb, "d0", wa, tr, wd)
+        rb.d2d("d0", K, tr)  # (tr, K) column-major
+        smem(rb, "d1", wbuf, tr, wd)
+        rb.d2d("d1", K, tr)
+        smem(rb, "d3", ya, tr)
+        smem(rb, "d4", yb, tr)
+        if g.bias:
+            smem(rb, "d5", ba, tr)
+            smem(rb, "d6", bb, tr)
+        done, loop = L("tiles_done"), L("tiles")
+
+        def fetch(dw, db, tag):
+            rb.dmald(dw, "r1", tag)
+            rb.addi("r1", "r1", step)
+            if g.bias:
+                rb.dmald(db, "r5", tag)
+                rb.addi("r5", "r5", ystep)
+
+        def prefetch(dw, db, tag):  # the tile after this one, if this core has one
+            skip = L("no_prefetch")
+            rb.li("r6", 1)
+            rb.bge("r6", "r3", skip)
+            fetch(dw, db, tag)
+            rb.label(skip)
+
+        def tile(dy, dw, db, tag):
+            rb.mv(dy, dw, "d2")
+            if g.bias:
+                rb.vadd(dy, dy, db)
+            act = {"gelu_tanh": rb.vgelu, "gelu_erf": rb.vgelue, "silu": rb.vsilu}
+            if s.activation:
+                act[s.activation](dy, dy)
+            for dest in dests:
+                self.hbm("r4", s, dest)
+                rb.add("r4", "r4", "r2")
+                rb.dmast(dy, "r4", tag)
+            rb.addi("r2", "r2", ystep)
+
+        rb.beq("r3", ZR, done)
+        if self.double_buffer:
+            fetch("d0", "d5", 0)
+        rb.dmawait(4)
+        if s.prologue == "swiglu":  # x = silu(gate) * up, the flow is gate (K) then up (K)
+            smem(rb, "d7", x, K)
+            smem(rb, "d8", x + K * 4, K)
+            rb.vsilu("d7", "d7")
+            rb.vmul("d7", "d7", "d8")
+        smem(rb, "d2", x, K)
+        rb.label(loop)
+        if not self.double_buffer:  # one buffer: every tile's transfer, then its mv
+            fetch("d0", "d5", 0)
+            rb.dmawait(0)
+            rb.dmawait(2)
+            tile("d3", "d0", "d5", 2)
+            rb.addi("r3", "r3", -1)
+            rb.bne("r3", ZR, loop)
+            rb.label(done)
+            for tag in (2, 4):
+                rb.dmawait(tag)
+            return
+        prefetch("d1", "d6", 1)
+        rb.dmawait(0)
+        rb.dmawait(2)  # ya's last store has left
+        tile("d3", "d0", "d5", 2)
+        rb.addi("r3", "r3", -1)
+        rb.beq("r3", ZR, done)
+        prefetch("d0", "d5", 0)
+        rb.dmawait(1)
+        rb.dmawait(3)
+        tile("d4", "d1", "d6", 3)
+        rb.addi("r3", "r3", -1)
+        rb.bne("r3", ZR, loop)
+        rb.label(done)
+        for tag in (2, 3, 4):
+            rb.dmawait(tag)
+
+    def emit_vector(self, s: Stage) -> None:
+        """Residual adds and norms on core 0: load the flows and norm weights, compute as the
+        mesh does, store what later stages read."""
+        rb, A, wd = self.rb, self.arena, self.dtype
+        skip = self.labels("not_core0")
+        rb.bne("X", ZR, skip)
+        n = s.attrs["hidden"]
+        bufs = {name: A.take(length * 4) for name, length in s.buffers.items()}
+        params = {w: A.take(n * self.wb) for w in self.layout.params[s.id]}
+        for fid in s.in_flows:
+            f = self.plan.flows[fid]
+            self.hbm("r0", s, Ha(self.layout.flows[fid]))
+            smem(rb, "d1", bufs[s.flow_buffer[fid]], f.length)
+            rb.dmald("d1", "r0", 0)
+        for w, ha in self.layout.params[s.id].items():
+            self.hbm("r0", s, ha)
+            smem(rb, "d1", params[w], n, wd)
+            rb.dmald("d1", "r0", 0)
+        rb.dmawait(0)
+        for kind, dst, srcs, attrs in s.ops:
+            length = s.buffers[dst]
+            if kind == "add":
+                smem(rb, "d1", bufs[dst], length)
+                smem(rb, "d2", bufs[srcs[0]], length)
+                smem(rb, "d3", bufs[srcs[1]], length)
+                rb.vadd("d1", "d2", "d3")
+            else:
+                norm_code(rb, kind, bufs[dst], bufs[srcs[0]], length, None, attrs, params, wd,
+                          mem=smem)
+        stores = [(self.layout.flows[fid], s.send_buffer[fid]) for fid in s.out_flows]
+        stores += [(self.layout.outputs[name], buf) for name, buf in s.outputs]
+        for addr, buf in stores:
+            self.hbm("r0", s, Ha(addr))
+            smem(rb, "d1", bufs[buf], s.buffers[buf])
+            rb.dmast("d1", "r0", 1)
+        rb.dmawait(1)
+        rb.label(skip)
+
+    def emit_embed(self, s: Stage) -> None:
+        """Core 0 gathers the token's (and position's) row of every table and sums them."""
+        rb, A, wd = self.rb, self.arena, self.dtype
+        skip = self.labels("not_core0")
+        rb.bne("X", ZR, skip)
+        n = s.attrs["hidden"]
+        acc = A.take(n * 4)
+        rows = [A.take(n * self.wb) for _ in s.tables]
+        for (_, _, index), ha, row in zip(s.tables, self.layout.tables[s.id], rows):
+            if index is None:  # a constant row (BERT's token type 0)
+                rb.li("r1", 0)
+            else:
+                rb.lw("r1", ZR, self.io + (0 if index == "input_ids" else 4))
+            self.hbm("r0", s, ha)
+            rb.muli("r1", "r1", n * self.wb)
+            rb.add("r0", "r0", "r1")
+            smem(rb, "d1", row, n, wd)
+            rb.dmald("d1", "r0", 0)
+        rb.dmawait(0)
+        smem(rb, "d1", acc, n)
+        smem(rb, "d2", rows[0], n, wd)
+        rb.vmov("d1", "d2")
+        for row in rows[1:]:
+            smem(rb, "d2", row, n, wd)
+            rb.vadd("d1", "d1", "d2")
+        for fid in s.out_flows:
+            self.hbm("r0", s, Ha(self.layout.flows[fid]))
+            rb.dmast("d1", "r0", 1)
+        rb.dmawait(1)
+        rb.label(skip)
+
+    def emit_attn(self, s: Stage) -> None:
+        """KV head g = X, X + C, ... with its query heads: RoPE, append k and v to the HBM
+        caches, scores over the cached positions chunk by chunk (mm), softmax, weighted sum
+        (mva), the heads' outputs stored into the output flow."""
+        rb, L, A, C = self.rb, self.labels, self.arena, self.C
+        a = s.attrs
+        nkv, hd, ctx = a["n_kv_heads"], a["head_dim"], a["max_context"]
+        group = a["n_heads"] // nkv
+        qn = group * hd
+        kha, vha, CH = self.layout.kv[s.id]
+        ctxp = -(-ctx // CH) * CH
+        rope = a["rope_q"] or a["rope_k"]
+        q, k, v = A.take(qn * 4), A.take(hd * 4), A.take(hd * 4)
+        cos, sin, tmp = A.take(hd * 4), A.take(hd * 4), A.take(hd * 4)
+        sc = [A.take(ctxp * 4) for _ in range(group)]
+        o = A.take(qn * 4)
+        kc, vc = A.take(CH * hd * 4), A.take(CH * hd * 4)
+        (fin,) = s.in_flows
+        (fout,) = s.out_flows
+        done, head = L("attn_done"), L("kv_head")
+        rb.li("r0", nkv)
+        rb.bge("X", "r0", done)
+        rb.addi("r13", "X", 0)  # r13: this core's KV head
+        rb.label(head)
+        self.hbm("r0", s, Ha(self.layout.flows[fin]))
+        for off, per_head, n, buf in ((a["q_off"], qn, qn, q), (a["k_off"], hd, hd, k),
+                                      (a["v_off"], hd, hd, v)):
+            rb.muli("r1", "r13", per_head * 4)
+            rb.add("r1", "r1", "r0")
+            rb.addi("r1", "r1", off * 4)
+            smem(rb, "d1", buf, n)
+            rb.dmald("d1", "r1", 0)
+        rb.lw("r2", ZR, self.io + 4)  # r2: the position
+        if rope:
+            for addr, buf in zip(self.layout.rope[s.id], (cos, sin)):
+                li64(rb, "r0", addr)
+                rb.muli("r1", "r2", hd * 4)
+                rb.add("r0", "r0", "r1")
+                smem(rb, "d1", buf, hd)
+                rb.dmald("d1", "r0", 0)
+        rb.dmawait(0)
+        if rope:
+            smem(rb, "d4", cos, hd)
+            smem(rb, "d5", sin, hd)
+            heads = ([q + j * hd * 4 for j in range(group)] if a["rope_q"] else []) + \
+                ([k] if a["rope_k"] else [])
+            for x in heads:
+                rope_code(rb, x, None, tmp, hd, mem=smem)
+        rb.muli("r1", "r13", ctx * hd * 4)  # this head's caches: r4 = K, r5 = V
+        self.hbm("r4", s, kha)
+        rb.add("r4", "r4", "r1")
+        self.hbm("r5", s, vha)
+        rb.add("r5", "r5", "r1")
+        rb.muli("r1", "r2", hd * 4)
+        for base, buf in (("r4", k), ("r5", v)):
+            rb.add("r0", base, "r1")
+            smem(rb, "d1", buf, hd)
+            rb.dmast("d1", "r0", 2)
+        rb.addi("r3", "r2", 1)  # r3: positions attended (0 .. position)
+
+        def chunk_rows():  # r7 = min(CH, r3 - r6): rows of the chunk starting at row r6
+            full = L("full_chunk")
+            rb.sub("r7", "r3", "r6")
+            rb.li("r8", CH)
+            rb.blt("r7", "r8", full)
+            rb.addi("r7", "r8", 0)
+            rb.label(full)
+
+        def load_chunk(base, buf, tag):
+            chunk_rows()
+            rb.muli("r1", "r6", hd * 4)
+            rb.add("r0", base, "r1")
+            smem(rb, "d1", buf, 0)
+            rb.muli("r8", "r7", hd)
+            rb.dlen("d1", "r8")
+            rb.dmald("d1", "r0", tag)
+        # pass 1: scores of every cached position, CH at a time: (1 x hd) q times (hd x CH) K^T
+        rb.li("r6", 0)
+        scores = L("scores")
+        rb.label(scores)
+        load_chunk("r4", kc, 1)
+        rb.dmawait(1)
+        rb.muli("r1", "r6", 4)
+        for j in range(group):
+            smem(rb, "d6", sc[j], 1)
+            rb.daddr("d6", "r1", sc[j])
+            rb.d2d("d6", CH, 1)
+            smem(rb, "d7", q + j * hd * 4, 1)
+            rb.d2d("d7", hd, 1)
+            smem(rb, "d8", kc, hd)
+            rb.d2d("d8", CH, hd)
+            rb.mm("d6", "d7", "d8")
+        rb.addi("r6", "r6", CH)
+        rb.blt("r6", "r3", scores)
+        # softmax over positions 0 .. r3-1; the rest of the last chunk weighs 0
+        rb.fli("f5", float(a["scale"]))
+        rb.fli("f6", 1.0)
+        rb.sub("r7", "r6", "r3")
+        rb.muli("r1", "r3", 4)
+        for j in range(group):
+            smem(rb, "d7", sc[j], 1)
+            rb.dlen("d7", "r3")
+            rb.vmuls("d7", "d7", "f5")
+            rb.rmax("f1", "d7")
+            rb.fsub("f2", ZF, "f1")
+            rb.vadds("d7", "d7", "f2")
+            rb.vexp("d7", "d7")
+            rb.rsum("f3", "d7")
+            rb.fdiv("f4", "f6", "f3")
+            rb.vmuls("d7", "d7", "f4")
+            tail = L("no_tail")
+            rb.beq("r7", ZR, tail)
+            smem(rb, "d7", sc[j], 1)
+            rb.daddr("d7", "r1", sc[j])
+            rb.dlen("d7", "r7")
+            rb.vfill("d7", ZF)
+            rb.label(tail)
+        # pass 2: o += V_chunk^T p_chunk, the chunk's unfilled rows zero
+        smem(rb, "d9", o, qn)
+        rb.vfill("d9", ZF)
+        rb.li("r6", 0)
+        weigh = L("weigh")
+        rb.label(weigh)
+        load_chunk("r5", vc, 3)
+        full = L("v_full")
+        rb.li("r8", CH)
+        rb.sub("r8", "r8", "r7")
+        rb.beq("r8", ZR, full)
+        rb.muli("r8", "r8", hd)
+        smem(rb, "d1", vc, 1)
+        rb.muli("r1", "r7", hd * 4)
+        rb.daddr("d1", "r1", vc)
+        rb.dlen("d1", "r8")
+        rb.vfill("d1", ZF)
+        rb.label(full)
+        rb.dmawait(3)
+        rb.muli("r1", "r6", 4)
+        for j in range(group):
+            smem(rb, "d8", vc, hd)
+            rb.d2d("d8", CH, hd)  # V^T: (hd, CH) column-major
+            smem(rb, "d6", sc[j], CH)
+            rb.daddr("d6", "r1", sc[j])
+            smem(rb, "d9", o + j * hd * 4, hd)
+            rb.mva("d9", "d8", "d6")
+        rb.addi("r6", "r6", CH)
+        rb.blt("r6", "r3", weigh)
+        self.hbm("r0", s, Ha(self.layout.flows[fout]))
+        rb.muli("r1", "r13", qn * 4)
+        rb.add("r0", "r0", "r1")
+        smem(rb, "d1", o, qn)
+        rb.dmast("d1", "r0", 2)
+        rb.dmawait(2)
+        rb.addi("r13", "r13", C)
+        rb.li("r0", nkv)
+        rb.blt("r13", "r0", head)
+        rb.label(done)
+
+
+def compile_hbm(plan: Plan, machine, dtype: str, shape_only: bool, base_dir, name: str,
+                double_buffer: bool = True):
+    """(Program, CompileReport) of `plan` for an HBM machine (module docstring)."""
+    return HbmCompiler(plan, machine, dtype, shape_only, base_dir, name,
+                       double_buffer).compile()
+
+
+def format_hbm(program, report) -> str:
+    """The kernel's HBM layout in a few lines (the `placement` dump of the HBM target)."""
+    lines = [f"HBM: {report.hbm_bytes} bytes, weights {report.weight_hbm_bytes}"]
+    for a in program.hbm_allocs[:12]:
+        lines.append(f"  {a.name:<32} at {a.addr:>14} {a.nbytes:>14} B")
+    if len(program.hbm_allocs) > 12:
+        lines.append(f"  ... {len(program.hbm_allocs) - 12} more buffers")
+    return "\n".join(lines)
