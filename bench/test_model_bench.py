@@ -4,12 +4,15 @@ Run: .venv/bin/python -m pytest bench/test_model_bench.py -o addopts=""  (the te
 benchmarks). Each case stores the emulator's host seconds a decode step, the NumPy reference's
 and their ratio in extra_info, with the emulated cycles and tokens/s; bench/README.md lists them.
 
-- Llama-3-8B shape on wse3, timing-only: a shape-only compile (bf16, max_context 16) and one
+Each case runs on wse3 (weights resident in PE SRAM) and on h100 (the HBM target: weights
+streamed from HBM through the SMs, isa/compiler/hbm.py).
+
+- Llama-3-8B shape, timing-only: a shape-only compile (bf16, max_context 16) and one
   decode step at position 15. The NumPy reference (isa.graph_numpy.GraphRunner, fp32) runs the
   same graph with random weights, but reuses ONE layer's weights for all 32 layers and the
   token-embedding table as the LM head: the same shapes and FLOPs (every matrix is still read
   once a layer), in 3 GB instead of the 32 GB that distinct fp32 weights would need.
-- GPT-2-small shape (124 M weights) on wse3, functional, bf16: random weights rounded to bf16
+- GPT-2-small shape (124 M weights), functional, bf16: random weights rounded to bf16
   values, so the fp32 reference reads the very numbers the mesh holds; the emulator's logits
   must match the reference's (a wrong decode cannot produce a good ratio). The vocabulary is
   padded from 50257 to 50304 (= 64 x 786, as nanoGPT pads it): the placement tiles a matrix
@@ -60,21 +63,23 @@ def shared_layer_weights(graph, seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
-def test_llama_8b_timing_only_decode_vs_numpy(benchmark, tmp_path):
-    """One timing-only decode step of the Llama-3-8B shape on wse3 vs NumPy's forward pass."""
+@pytest.mark.parametrize("machine_name", ["wse3", "h100"])
+def test_llama_8b_timing_only_decode_vs_numpy(benchmark, tmp_path, machine_name):
+    """One timing-only decode step of the Llama-3-8B shape (resident on wse3, streamed from
+    HBM on h100) vs NumPy's forward pass."""
     from emulator.generate import Generator
 
     from isa.compiler.lower import CompileError
 
     folder = config_folder(tmp_path, "llama-3-8b", BUILTIN_MODELS["llama-3-8b"])
     ctx, position = 16, 15
-    machine = load_machine("wse3")
+    machine = load_machine(machine_name)
     t0 = time.perf_counter()
     try:
         program, report = compile_model(folder, machine, dtype="bf16", max_context=ctx,
                                         shape_only=True)
     except CompileError as e:  # the compiler's mapping, not this benchmark, is what is missing
-        pytest.skip(f"blocked: the Llama-3-8B shape does not compile for wse3: {e}")
+        pytest.skip(f"blocked: the Llama-3-8B shape does not compile for {machine_name}: {e}")
     compile_s = time.perf_counter() - t0
     graph = load_graph(folder, shape_only=True, max_context=ctx)
     runner = GraphRunner(graph, shared_layer_weights(graph))
@@ -123,15 +128,17 @@ def bf16_gpt2(folder, config: dict):
     return folder
 
 
-def test_gpt2_small_functional_decode_vs_numpy(benchmark, tmp_path):
-    """Functional bf16 decode of a random-weight GPT-2-small on wse3 vs NumPy's forward pass."""
+@pytest.mark.parametrize("machine_name", ["wse3", "h100"])
+def test_gpt2_small_functional_decode_vs_numpy(benchmark, tmp_path, machine_name):
+    """Functional bf16 decode of a random-weight GPT-2-small (on wse3, or streamed from HBM on
+    h100) vs NumPy's forward pass."""
     from emulator.generate import Generator
 
     ctx, prompt = 64, [464, 1068, 7, 318]
     config = dict(BUILTIN_MODELS["gpt2-small"], vocab_size=50304)
     folder = bf16_gpt2(tmp_path / "gpt2-small", config)
     runner = GraphRunner(load_graph(folder, max_context=ctx))
-    machine = load_machine("wse3")
+    machine = load_machine(machine_name)
     program, report = compile_model(folder, machine, dtype="bf16", max_context=ctx)
     gen = Generator(program, machine)
     gen.prefill(prompt)

@@ -1,0 +1,176 @@
+"""Attention on the HBM target (mixed into isa.compiler.hbm.HbmCompiler).
+
+One KV head a core (heads g = X, X + C, ...) with the query heads that read it. The K and V
+caches live in HBM, a position a row ((max_context, head_dim) fp32 per KV head): the new k and
+v are appended with `dmast`, and the cached positions come back CH rows a DMA. Scores are one
+`mm` a chunk ((1 x hd) q times the chunk's (hd x CH) K^T, which is K row-major), the softmax
+runs over positions 0 .. pos as on the mesh, and the weighted sum is one `mva` a chunk (V^T,
+also K row-major) with the unfilled rows of the last chunk and their scores zero.
+"""
+
+from __future__ import annotations
+
+from isa.compiler.emit import ZF, ZR, rope_code
+from isa.compiler.hbm_emit import Ha, li64, smem
+from isa.compiler.lower import Stage
+
+
+class HbmAttention:
+    """Needs the HbmCompiler's rb, labels, arena, C, layout, io and hbm()."""
+
+    def emit_attn(self, s: Stage) -> None:
+        """KV head g = X, X + C, ... with its query heads: RoPE, append k and v to the HBM
+        caches, scores over the cached positions chunk by chunk (mm), softmax, weighted sum
+        (mva), the heads' outputs stored into the output flow."""
+        rb, L, A, C = self.rb, self.labels, self.arena, self.C
+        a = s.attrs
+        nkv, hd, ctx = a["n_kv_heads"], a["head_dim"], a["max_context"]
+        group = a["n_heads"] // nkv
+        qn = group * hd
+        kha, vha, CH = self.layout.kv[s.id]
+        ctxp = -(-ctx // CH) * CH
+        rope = a["rope_q"] or a["rope_k"]
+        q, k, v = A.take(qn * 4), A.take(hd * 4), A.take(hd * 4)
+        cos, sin, tmp = A.take(hd * 4), A.take(hd * 4), A.take(hd * 4)
+        sc = [A.take(ctxp * 4) for _ in range(group)]
+        o = A.take(qn * 4)
+        kc, vc = A.take(CH * hd * 4), A.take(CH * hd * 4)
+        (fin,) = s.in_flows
+        (fout,) = s.out_flows
+        done, head = L("attn_done"), L("kv_head")
+        rb.li("r0", nkv)
+        rb.bge("X", "r0", done)
+        rb.addi("r13", "X", 0)  # r13: this core's KV head
+        rb.label(head)
+        self.hbm("r0", s, Ha(self.layout.flows[fin]))
+        for off, per_head, n, buf in ((a["q_off"], qn, qn, q), (a["k_off"], hd, hd, k),
+                                      (a["v_off"], hd, hd, v)):
+            rb.muli("r1", "r13", per_head * 4)
+            rb.add("r1", "r1", "r0")
+            rb.addi("r1", "r1", off * 4)
+            smem(rb, "d1", buf, n)
+            rb.dmald("d1", "r1", 0)
+        rb.lw("r2", ZR, self.io + 4)  # r2: the position
+        if rope:
+            for addr, buf in zip(self.layout.rope[s.id], (cos, sin)):
+                li64(rb, "r0", addr)
+                rb.muli("r1", "r2", hd * 4)
+                rb.add("r0", "r0", "r1")
+                smem(rb, "d1", buf, hd)
+                rb.dmald("d1", "r0", 0)
+        rb.dmawait(0)
+        if rope:
+            smem(rb, "d4", cos, hd)
+            smem(rb, "d5", sin, hd)
+            heads = ([q + j * hd * 4 for j in range(group)] if a["rope_q"] else []) + \
+                ([k] if a["rope_k"] else [])
+            for x in heads:
+                rope_code(rb, x, None, tmp, hd, mem=smem)
+        rb.muli("r1", "r13", ctx * hd * 4)  # this head's caches: r4 = K, r5 = V
+        self.hbm("r4", s, kha)
+        rb.add("r4", "r4", "r1")
+        self.hbm("r5", s, vha)
+        rb.add("r5", "r5", "r1")
+        rb.muli("r1", "r2", hd * 4)
+        for base, buf in (("r4", k), ("r5", v)):
+            rb.add("r0", base, "r1")
+            smem(rb, "d1", buf, hd)
+            rb.dmast("d1", "r0", 2)
+        rb.addi("r3", "r2", 1)  # r3: positions attended (0 .. position)
+
+        def chunk_rows():  # r7 = min(CH, r3 - r6): rows of the chunk starting at row r6
+            full = L("full_chunk")
+            rb.sub("r7", "r3", "r6")
+            rb.li("r8", CH)
+            rb.blt("r7", "r8", full)
+            rb.addi("r7", "r8", 0)
+            rb.label(full)
+
+        def load_chunk(base, buf, tag):
+            chunk_rows()
+            rb.muli("r1", "r6", hd * 4)
+            rb.add("r0", base, "r1")
+            smem(rb, "d1", buf, 0)
+            rb.muli("r8", "r7", hd)
+            rb.dlen("d1", "r8")
+            rb.dmald("d1", "r0", tag)
+        # pass 1: scores of every cached position, CH at a time: (1 x hd) q times (hd x CH) K^T
+        rb.li("r6", 0)
+        scores = L("scores")
+        rb.label(scores)
+        load_chunk("r4", kc, 1)
+        rb.dmawait(1)
+        rb.muli("r1", "r6", 4)
+        for j in range(group):
+            smem(rb, "d6", sc[j], 1)
+            rb.daddr("d6", "r1", sc[j])
+            rb.d2d("d6", CH, 1)
+            smem(rb, "d7", q + j * hd * 4, 1)
+            rb.d2d("d7", hd, 1)
+            smem(rb, "d8", kc, hd)
+            rb.d2d("d8", CH, hd)
+            rb.mm("d6", "d7", "d8")
+        rb.addi("r6", "r6", CH)
+        rb.blt("r6", "r3", scores)
+        # softmax over positions 0 .. r3-1; the rest of the last chunk weighs 0
+        rb.fli("f5", float(a["scale"]))
+        rb.fli("f6", 1.0)
+        rb.sub("r7", "r6", "r3")
+        rb.muli("r1", "r3", 4)
+        for j in range(group):
+            smem(rb, "d7", sc[j], 1)
+            rb.dlen("d7", "r3")
+            rb.vmuls("d7", "d7", "f5")
+            rb.rmax("f1", "d7")
+            rb.fsub("f2", ZF, "f1")
+            rb.vadds("d7", "d7", "f2")
+            rb.vexp("d7", "d7")
+            rb.rsum("f3", "d7")
+            rb.fdiv("f4", "f6", "f3")
+            rb.vmuls("d7", "d7", "f4")
+            tail = L("no_tail")
+            rb.beq("r7", ZR, tail)
+            smem(rb, "d7", sc[j], 1)
+            rb.daddr("d7", "r1", sc[j])
+            rb.dlen("d7", "r7")
+            rb.vfill("d7", ZF)
+            rb.label(tail)
+        # pass 2: o += V_chunk^T p_chunk, the chunk's unfilled rows zero
+        smem(rb, "d9", o, qn)
+        rb.vfill("d9", ZF)
+        rb.li("r6", 0)
+        weigh = L("weigh")
+        rb.label(weigh)
+        load_chunk("r5", vc, 3)
+        full = L("v_full")
+        rb.li("r8", CH)
+        rb.sub("r8", "r8", "r7")
+        rb.beq("r8", ZR, full)
+        rb.muli("r8", "r8", hd)
+        smem(rb, "d1", vc, 1)
+        rb.muli("r1", "r7", hd * 4)
+        rb.daddr("d1", "r1", vc)
+        rb.dlen("d1", "r8")
+        rb.vfill("d1", ZF)
+        rb.label(full)
+        rb.dmawait(3)
+        rb.muli("r1", "r6", 4)
+        for j in range(group):
+            smem(rb, "d8", vc, hd)
+            rb.d2d("d8", CH, hd)  # V^T: (hd, CH) column-major
+            smem(rb, "d6", sc[j], CH)
+            rb.daddr("d6", "r1", sc[j])
+            smem(rb, "d9", o + j * hd * 4, hd)
+            rb.mva("d9", "d8", "d6")
+        rb.addi("r6", "r6", CH)
+        rb.blt("r6", "r3", weigh)
+        self.hbm("r0", s, Ha(self.layout.flows[fout]))
+        rb.muli("r1", "r13", qn * 4)
+        rb.add("r0", "r0", "r1")
+        smem(rb, "d1", o, qn)
+        rb.dmast("d1", "r0", 2)
+        rb.dmawait(2)
+        rb.addi("r13", "r13", C)
+        rb.li("r0", nkv)
+        rb.blt("r13", "r0", head)
+        rb.label(done)

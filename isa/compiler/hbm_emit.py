@@ -1,0 +1,47 @@
+"""Small emitters of the HBM target (isa/compiler/hbm.py, hbm_attn.py): HBM addresses in
+registers, SRAM descriptors anywhere in a core's SRAM."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from isa.compiler.emit import ZR
+
+RL = "r12"  # the layer block's HBM base address inside a layer's code
+S0 = "r10"  # scratch of smem for lengths past 16 bits
+IO_BYTES = 64  # input_ids, position_ids, the barrier token
+
+
+@dataclass(frozen=True)
+class Ha:
+    """An HBM address: `off` bytes from 0, or from the layer block's base (r12) when layer."""
+
+    off: int
+    layer: bool = False
+
+
+def li64(rb, reg: str, v: int) -> None:
+    """reg = v for any non-negative address (li takes 32 bits)."""
+    if -2 ** 31 <= v < 2 ** 31:
+        rb.li(reg, v)
+        return
+    rb.li(reg, v >> 20)
+    rb.shli(reg, reg, 20)
+    if v & 0xFFFFF:
+        rb.addi(reg, reg, v & 0xFFFFF)
+
+
+def smem(rb, d, addr: int, n, dtype="f32") -> None:
+    """SRAM descriptor d: n elements (an int or a register) at addr, anywhere in SRAM (dmem
+    takes 16-bit addresses and lengths)."""
+    small = isinstance(n, int) and n < 65536
+    if small and addr < 65536:
+        rb.dmem(d, dtype, addr, n)
+        return
+    rb.dmem(d, dtype, 0, n if small else 0)
+    rb.daddr(d, ZR, addr)
+    if not small:
+        if isinstance(n, int):
+            rb.li(S0, n)
+            n = S0
+        rb.dlen(d, n)
