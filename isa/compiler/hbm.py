@@ -53,6 +53,7 @@ from isa.spec import INSTR_BYTES
 RC = "r11"  # the layer loop counter (RL, r12: the layer block base address)
 MAX_TILE = 64 * 1024  # weight tile bytes: large enough to amortise a DMA, two fit any SM
 KV_CHUNK_BYTES = 32 * 1024  # K (or V) rows read back a DMA (isa/compiler/hbm_attn.py)
+UP_CHUNK = 2048  # floats of SwiGLU's up half a DMA when both halves do not fit beside the tiles
 
 
 class _Arena:
@@ -90,6 +91,7 @@ class _Gemv:
     tile_bytes: int
     tiles: Ha
     bias: Ha | None
+    up_chunk: int = 0  # SwiGLU on a small SRAM: up loaded this many floats at a time (0: whole)
 
 
 @dataclass
@@ -190,7 +192,7 @@ class HbmCompiler(HbmAttention):
             program, report, code_bytes = self._attempt(reserve)
             if code_bytes <= reserve:
                 return program, report
-            reserve = -(-code_bytes // 4096) * 4096 + 4096
+            reserve = -(-code_bytes // 1024) * 1024 + 2048
         raise CompileError(f"internal: the kernel's code ({code_bytes} bytes) does not settle")
 
     def _attempt(self, reserve: int):
@@ -320,9 +322,17 @@ class HbmCompiler(HbmAttention):
         what _record needs."""
         wb = self.wb
         if s.kind == "gemv":
+            up_chunk = 0  # SwiGLU: up arrives whole beside gate, or UP_CHUNK floats at a time
             x_bytes = s.in_len * 4 * (2 if s.prologue == "swiglu" else 1)
-            tr = _tile_rows(s, self.C, wb, budget - x_bytes - 64)
-            out = {"tr": tr, "tiles": alloc(s.out_len * s.in_len * wb)}
+            try:
+                tr = _tile_rows(s, self.C, wb, budget - x_bytes - 64)
+            except CompileError:
+                if s.prologue != "swiglu":
+                    raise
+                up_chunk = min(UP_CHUNK, s.in_len)
+                x_bytes = s.in_len * 4 + 2 * up_chunk * 4 + 128
+                tr = _tile_rows(s, self.C, wb, budget - x_bytes - 64)
+            out = {"tr": tr, "tiles": alloc(s.out_len * s.in_len * wb), "up_chunk": up_chunk}
             if any(m.bias for m in s.matrices):
                 out["bias"] = alloc(s.out_len * 4)
             return out
@@ -343,7 +353,8 @@ class HbmCompiler(HbmAttention):
             tr = got["tr"]
             lay.gemv[s.id] = _Gemv(tr, s.out_len // tr, tr * s.in_len * self.wb,
                                    Ha(got["tiles"], layer),
-                                   Ha(got["bias"], layer) if "bias" in got else None)
+                                   Ha(got["bias"], layer) if "bias" in got else None,
+                                   got["up_chunk"])
         elif s.kind == "vector":
             lay.params[s.id] = {w: Ha(a, layer) for w, a in zip(_norm_params(s), got["params"])}
         elif s.kind == "embed":
@@ -551,8 +562,9 @@ class HbmCompiler(HbmAttention):
         rb, L, C, A = self.rb, self.labels, self.C, self.arena
         g, wd = self.layout.gemv[s.id], self.dtype
         K, tr = s.in_len, g.tr
-        kx = K * (2 if s.prologue == "swiglu" else 1)
+        kx = K * (2 if s.prologue == "swiglu" and not g.up_chunk else 1)
         x = A.take(kx * 4)
+        ups = [A.take(g.up_chunk * 4) for _ in range(2)] if g.up_chunk else []
         wa, wbuf = A.take(g.tile_bytes), A.take(g.tile_bytes)
         ya, yb = A.take(tr * 4), A.take(tr * 4)
         ba, bb = (A.take(tr * 4), A.take(tr * 4)) if g.bias else (None, None)
@@ -619,11 +631,13 @@ class HbmCompiler(HbmAttention):
         if self.double_buffer:
             fetch("d0", "d5", 0)
         rb.dmawait(4)
-        if s.prologue == "swiglu":  # x = silu(gate) * up, the flow is gate (K) then up (K)
-            smem(rb, "d7", x, K)
+        if s.prologue == "swiglu" and not g.up_chunk:  # x = silu(gate) * up: the flow is
+            smem(rb, "d7", x, K)                          # gate (K) then up (K)
             smem(rb, "d8", x + K * 4, K)
             rb.vsilu("d7", "d7")
             rb.vmul("d7", "d7", "d8")
+        elif s.prologue == "swiglu":
+            self.swiglu_chunked(s, x, ups, g.up_chunk)
         smem(rb, "d2", x, K)
         rb.label(loop)
         if not self.double_buffer:  # one buffer: every tile's transfer, then its mv
@@ -652,6 +666,29 @@ class HbmCompiler(HbmAttention):
         rb.label(done)
         for tag in (2, 3, 4):
             rb.dmawait(tag)
+
+    def swiglu_chunked(self, s: Stage, x: int, ups: list[int], U: int) -> None:
+        """x = silu(gate) * up with up streamed in U-float chunks through two buffers (tags 5
+        and 6: chunk c + 1 in flight while chunk c is used), for SRAM that cannot hold both
+        halves beside the weight tiles (A100's 164 KB at Llama-3-8B's 14336)."""
+        rb, K = self.rb, s.in_len
+        flow = self.layout.flows[s.in_flows[0]] + K * 4  # up follows gate in the flow
+        chunks = [(c, min(U, K - c)) for c in range(0, K, U)]
+
+        def load(i):
+            c, n = chunks[i]
+            li64(rb, "r0", flow + c * 4)
+            smem(rb, "d8", ups[i % 2], n)
+            rb.dmald("d8", "r0", 5 + i % 2)
+        load(0)
+        for i, (c, n) in enumerate(chunks):
+            if i + 1 < len(chunks):
+                load(i + 1)
+            rb.dmawait(5 + i % 2)
+            smem(rb, "d7", x + c * 4, n)
+            smem(rb, "d8", ups[i % 2], n)
+            rb.vsilu("d7", "d7")
+            rb.vmul("d7", "d7", "d8")
 
     def emit_vector(self, s: Stage) -> None:
         """Residual adds and norms on core 0: load the flows and norm weights, compute as the

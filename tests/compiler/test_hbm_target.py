@@ -231,3 +231,30 @@ def test_the_llama_3_8b_shape_decodes_on_h100_timing_only(tmp_path):
     floor = report.weight_hbm_bytes / h100.hbm_bytes_per_cycle  # at the achievable rate
     assert floor <= r.cycles < 2 * floor
     assert r.hbm_read_bytes >= report.weight_hbm_bytes
+
+
+def test_swiglu_streams_its_up_half_when_sram_is_short(models, monkeypatch):
+    """On a core whose SRAM cannot hold both SwiGLU halves beside two weight tiles (A100 at
+    Llama-3-8B's 14336), up comes in chunks through two buffers: the same numbers."""
+    want, _ = _logits(compile_model(models["llama"], gpu(3), max_context=MAX_CONTEXT)[0],
+                      gpu(3), PROMPT[:2])
+    monkeypatch.setattr(hbm, "KV_CHUNK_BYTES", 4 * 32 * 4)
+    monkeypatch.setattr(hbm, "UP_CHUNK", 64)
+    small = gpu(3, sram_bytes=16 * 1024 + hbm.IO_BYTES + 4200)
+    program, _ = compile_model(models["llama"], small, max_context=MAX_CONTEXT)
+    chunked = [g for g in program_layout(models["llama"], small).gemv.values() if g.up_chunk]
+    assert len(chunked) == 2 and chunked[0].up_chunk == 64  # both layers' down projections
+    got, _ = _logits(program, small, PROMPT[:2])
+    np.testing.assert_array_equal(got, want)
+
+
+def program_layout(model, machine):
+    """The HBM layout the compiler chose (tile rows, chunked SwiGLU) for a model."""
+    from isa.compiler.lower import lower
+    from isa.compiler.pipeline import load_graph
+    from isa.graph import bind_positions
+
+    plan = lower(bind_positions(load_graph(model, max_context=MAX_CONTEXT), 1))
+    c = hbm.HbmCompiler(plan, machine, "f32", False, None, "m")
+    c.compile()
+    return c.layout
