@@ -58,6 +58,8 @@ def parse_pairs(pairs: tuple[str, ...], what: str) -> dict[str, str]:
         name, sep, value = p.partition("=")
         if not sep or not name or not value:
             raise UserError(f"{what} {p!r} must look like NAME=VALUE")
+        if name in out and out[name] != value:  # the same pair twice is harmless
+            raise UserError(f"{what} {name} is given twice ({out[name]!r} and {value!r})")
         out[name] = value
     return out
 

@@ -251,24 +251,8 @@ def _round8(nbytes: np.ndarray) -> np.ndarray:
 
 
 def region_footprints(program: Program) -> np.ndarray:
-    """int64 Program.region_sram_bytes of every region (code, allocs, data and symbol pieces),
-    vectorised over the tile maps: one call per region costs regions x maps Python steps,
-    seconds for a full-size model."""
-    regions = program.regions
-    top = np.array([max([len(r.code) * INSTR_BYTES] + [a.addr + a.nbytes for a in r.allocs])
-                    for r in regions], dtype=np.int64)
-    maps = [d.tilemap for d in program.data] + [p for s in program.symbols for p in s.pieces]
-    if not maps or not regions:
-        return top
-    mx, my, mw, mh, mend = (np.array(v, dtype=np.int64) for v in zip(*(
-        (t.rect.x, t.rect.y, t.rect.w, t.rect.h, t.addr + t.nbytes) for t in maps)))
-    rx, ry, rw, rh = (np.array([getattr(r.rect, k) for r in regions], dtype=np.int64)[:, None]
-                      for k in ("x", "y", "w", "h"))
-    for i in range(0, len(regions), 256):  # blocks bound the (regions, maps) temporaries
-        s = slice(i, i + 256)
-        hit = (mx < rx[s] + rw[s]) & (rx[s] < mx + mw) & (my < ry[s] + rh[s]) & (ry[s] < my + mh)
-        top[s] = np.maximum(top[s], np.where(hit, mend, 0).max(axis=1))
-    return top
+    """int64 Program.region_sram_bytes of every region (code, allocs, data and symbol pieces)."""
+    return np.array(program.regions_sram_bytes(), dtype=np.int64)
 
 
 def _decode_regions(program: Program) -> list[dict]:

@@ -24,7 +24,7 @@ from isa.builder import SYMBOL_DTYPES, TENSOR_ITEMSIZE
 from isa.encoding import decode
 from isa.errors import EncodingError, FormatError
 from isa.expr import PLAIN_NAME, RESERVED
-from isa.info import program_colors, region_sram_bytes
+from isa.info import program_colors
 from isa.fileio import atomic_write
 from isa.program import (DIR_BITS, Alloc, DataInit, HbmAlloc, HbmInit, HbmPiece, Program, Rect,
                          Region, RouteRule, Symbol, Tensor, TileMap, tensor_view_2d)
@@ -64,7 +64,7 @@ def _tilemap_json(tm: TileMap) -> dict:
 def requirements(program: Program) -> dict:
     """What a machine needs to run the program (recorded in META, checked again by loads)."""
     box = program.bounding_box()
-    per_region = {r.name: region_sram_bytes(program, r) for r in program.regions}
+    per_region = dict(zip((r.name for r in program.regions), program.regions_sram_bytes()))
     return {"width": box.w, "height": box.h, "colors": program_colors(program),
             "sram_bytes": max(per_region.values(), default=0), "region_sram_bytes": per_region,
             "hbm_bytes": program.hbm_bytes}

@@ -92,9 +92,9 @@ def describe(program: Program) -> str:
         lines.append("params: " + ", ".join(f"{k}={v}" for k, v in program.params))
     lines.append("regions:")
     rows = [["name", "rect (x, y, w x h)", "PEs", "instructions", "SRAM bytes"]]
-    for r in program.regions:
+    for r, sram in zip(program.regions, program.regions_sram_bytes()):
         rows.append([r.name, f"({r.rect.x}, {r.rect.y}, {r.rect.w} x {r.rect.h})",
-                     str(r.rect.size), str(len(r.code)), f"{region_sram_bytes(program, r):,}"])
+                     str(r.rect.size), str(len(r.code)), f"{sram:,}"])
     lines += _table(rows)
     if program.routes:
         colors = sorted({rule.color for rule in program.routes})

@@ -276,6 +276,30 @@ class Program:
                 top = max(top, m.addr + m.nbytes)
         return top
 
+    def regions_sram_bytes(self) -> list[int]:
+        """region_sram_bytes of every region, in order, vectorised over the tile maps (one
+        region_sram_bytes call per region costs regions x maps Python steps: seconds for a
+        full-size model)."""
+        import numpy as np
+
+        from isa.spec import INSTR_BYTES
+
+        regions = self.regions
+        top = np.array([max([len(r.code) * INSTR_BYTES] + [a.addr + a.nbytes for a in r.allocs])
+                        for r in regions], dtype=np.int64)
+        maps = [d.tilemap for d in self.data] + [p for s in self.symbols for p in s.pieces]
+        if maps and regions:
+            mx, my, mw, mh, mend = (np.array(v, dtype=np.int64) for v in zip(*(
+                (t.rect.x, t.rect.y, t.rect.w, t.rect.h, t.addr + t.nbytes) for t in maps)))
+            rx, ry, rw, rh = (np.array([getattr(r.rect, k) for r in regions],
+                                       dtype=np.int64)[:, None] for k in ("x", "y", "w", "h"))
+            for i in range(0, len(regions), 256):  # blocks bound the (regions, maps) arrays
+                b = slice(i, i + 256)
+                hit = ((mx < rx[b] + rw[b]) & (rx[b] < mx + mw) & (my < ry[b] + rh[b])
+                       & (ry[b] < my + mh))
+                top[b] = np.maximum(top[b], np.where(hit, mend, 0).max(axis=1))
+        return [int(v) for v in top]
+
     def colors_used(self) -> int:
         """One more than the highest color any route rule names (0 when none)."""
         return max((r.color + 1 for r in self.routes), default=0)

@@ -118,7 +118,7 @@ def pack(pb: ProgramBuilder, plan: Plan, placed: list[Placed], machine, dtype: s
                          "vocab": cfg.vocab, "hidden": cfg.hidden, "layers": cfg.layers,
                          "stages": [dict(s, rect=list(s["rect"])) for s in stages]})
     program = pb.build()
-    sram_of = {r.name: program.region_sram_bytes(r) for r in program.regions}
+    sram_of = dict(zip((r.name for r in program.regions), program.regions_sram_bytes()))
     worst = max(program.regions, key=lambda r: sram_of[r.name])
     if sram_of[worst.name] > machine.sram_bytes:  # placement estimates code size: check it
         raise CompileError(f"region '{worst.name}' needs {sram_of[worst.name]} bytes of SRAM "

@@ -66,6 +66,7 @@ def test_defines(tmp_path, cli, user_error):
     user_error(asm("-D", "Q=3"), "p.wsa:1:1: -D Q=3: no .param Q in this program")
     user_error(asm("-D", "N"), "-D 'N' must look like NAME=VALUE")
     user_error(asm("-D", "N="), "-D 'N=' must look like NAME=VALUE")
+    user_error(asm("-D", "N=4", "-D", "N=8"), "-D N is given twice ('4' and '8')")
     # a -D value is an expression, evaluated (and blamed) where its .param is
     user_error(asm("-D", "N=5 6"), "p.wsa:1:", "-D N=5 6: unexpected '6'")
     user_error(asm("-D", "N=nowhere"), "p.wsa:1:", "undefined name 'nowhere'")

@@ -45,6 +45,8 @@ def test_missing_input_says_how_to_pass_it(folder, wse, user_error):
     (("--input", "x=missing.npy"), ("--input x", "missing.npy")),
     (("--input", "x=x.txt"), ("--input x", "x.txt", "not a .npy file")),
     (("--input", "x"), ("--input 'x' must look like NAME=VALUE",)),
+    (("--input", "x=x.npy", "--input", "x=short.npy"),
+     ("--input x is given twice ('x.npy' and 'short.npy')",)),
 ])
 def test_bad_inputs(folder, cli, user_error, args, fragments):
     refused(cli("run", "g.bin", *args, *OUTPUTS, cwd=folder), folder, user_error, *fragments)
