@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from isa.compiler.emit import I32, ZF, ZR, at, drop, mem, positions, recv, rope_code, send
+from isa.compiler.emit import (I32, ZF, ZR, at, drop, mem, positions, recv, rope_code, send,
+                               softmax_code)
 from isa.compiler.lower import Stage
 from isa.compiler.placement import Placed
 
@@ -122,14 +123,7 @@ class AttentionCodegen:
                     mem(rb, "d9", q + j * hd * 4, hd)
                     at(rb, "d9", qo, q + j * hd * 4)
                     rb.mv("d7", "d8", "d9")
-                    rb.vmuls("d7", "d7", "f5")
-                    rb.rmax("f1", "d7")
-                    rb.fsub("f2", ZF, "f1")
-                    rb.vadds("d7", "d7", "f2")
-                    rb.vexp("d7", "d7")
-                    rb.rsum("f3", "d7")
-                    rb.fdiv("f4", "f6", "f3")
-                    rb.vmuls("d7", "d7", "f4")
+                    softmax_code(rb, "d7")
                     rb.dmem("d8", "f32", vc, hd)
                     rb.d2d("d8", ctx, hd)  # V^T: (hd, ctx) column-major; unfilled slots weigh 0
                     mem(rb, "d9", o + j * hd * 4, hd)

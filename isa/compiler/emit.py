@@ -158,3 +158,16 @@ def rope_code(rb, x, reg, tmp, hd: int, mem=mem) -> None:
     at(rb, "d2", reg, x)
     rb.vmul("d2", "d2", "d4")
     rb.vadd("d2", "d2", "d1")
+
+
+def softmax_code(rb, d) -> None:
+    """Scaled softmax of the scores in descriptor d, in place: d = exp(f5 * d - max) / sum
+    (f5 holds the scale and f6 1.0; f1-f4 are scratch)."""
+    rb.vmuls(d, d, "f5")
+    rb.rmax("f1", d)
+    rb.fsub("f2", ZF, "f1")
+    rb.vadds(d, d, "f2")
+    rb.vexp(d, d)
+    rb.rsum("f3", d)
+    rb.fdiv("f4", "f6", "f3")
+    rb.vmuls(d, d, "f4")

@@ -10,7 +10,7 @@ also K row-major) with the unfilled rows of the last chunk and their scores zero
 
 from __future__ import annotations
 
-from isa.compiler.emit import ZF, ZR, rope_code
+from isa.compiler.emit import ZF, ZR, rope_code, softmax_code
 from isa.compiler.hbm_emit import Ha, li64, smem
 from isa.compiler.lower import Stage
 
@@ -120,14 +120,7 @@ class HbmAttention:
         for j in range(group):
             smem(rb, "d7", sc[j], 1)
             rb.dlen("d7", "r3")
-            rb.vmuls("d7", "d7", "f5")
-            rb.rmax("f1", "d7")
-            rb.fsub("f2", ZF, "f1")
-            rb.vadds("d7", "d7", "f2")
-            rb.vexp("d7", "d7")
-            rb.rsum("f3", "d7")
-            rb.fdiv("f4", "f6", "f3")
-            rb.vmuls("d7", "d7", "f4")
+            softmax_code(rb, "d7")
             tail = L("no_tail")
             rb.beq("r7", ZR, tail)
             smem(rb, "d7", sc[j], 1)
