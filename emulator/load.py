@@ -166,6 +166,20 @@ class SramView:
 def load(program: Program, machine: Machine, base_dir: str | None = None,
          with_data: bool = True) -> Loaded:
     """Check `program` against `machine` and build the initial state (data initialised)."""
+    try:
+        return _load(program, machine, base_dir, with_data)
+    except LoadError as e:
+        # a compiled model records its machine: say so when it is loaded on another one
+        target = program.meta.get("compiler", {}).get("machine") \
+            if isinstance(program.meta.get("compiler"), dict) else None
+        if target and target != machine.name and "compiled for" not in str(e):
+            raise LoadError(f"{e} (the program was compiled for machine '{target}': pass "
+                            f"--machine {target})") from None
+        raise
+
+
+def _load(program: Program, machine: Machine, base_dir: str | None,
+          with_data: bool) -> Loaded:
     box = program.bounding_box()
     m = machine
     if box.w > m.width or box.h > m.height:

@@ -229,7 +229,7 @@ class HbmCompiler(HbmAttention):
         stages = [dict(name=s.name, kind=s.kind, layer=s.layer, rect=[0, 0, self.C, 1],
                        sram=self.need.get(s.id, self.arena0))
                   for s in self.plan.stages]
-        pb.meta("compiler", {"family": cfg.family, "dtype": self.dtype,
+        pb.meta("compiler", {"family": cfg.family, "machine": m.name, "dtype": self.dtype,
                              "max_context": cfg.max_context, "vocab": cfg.vocab,
                              "hidden": cfg.hidden, "layers": cfg.layers, "target": "hbm",
                              "weight_hbm_bytes": self.layout.weight_bytes,

@@ -114,7 +114,8 @@ def pack(pb: ProgramBuilder, plan: Plan, placed: list[Placed], machine, dtype: s
     stages = [dict(name=s.name, kind=s.kind, layer=s.layer, rect=(p.rect.x, p.rect.y, p.rect.w,
                                                                   p.rect.h))
               for s, p in zip(plan.stages, placed)]
-    pb.meta("compiler", {"family": cfg.family, "dtype": dtype, "max_context": cfg.max_context,
+    pb.meta("compiler", {"family": cfg.family, "machine": machine.name, "dtype": dtype,
+                         "max_context": cfg.max_context,
                          "vocab": cfg.vocab, "hidden": cfg.hidden, "layers": cfg.layers,
                          "stages": [dict(s, rect=list(s["rect"])) for s in stages]})
     program = pb.build()

@@ -258,3 +258,11 @@ def program_layout(model, machine):
     c = hbm.HbmCompiler(plan, machine, "f32", False, None, "m")
     c.compile()
     return c.layout
+
+
+def test_loading_on_the_wrong_machine_names_the_right_one(compiled):
+    from emulator.load import LoadError, load
+
+    with pytest.raises(LoadError, match=r" \(the program was compiled for machine 'h100': "
+                                        r"pass --machine h100\)$"):
+        load(compiled["gpt2"][0], load_machine("wse3"))
