@@ -137,7 +137,7 @@ def test_gpt2_small_functional_decode_vs_numpy(benchmark, tmp_path, machine_name
     ctx, prompt = 64, [464, 1068, 7, 318]
     config = dict(BUILTIN_MODELS["gpt2-small"], vocab_size=50304)
     folder = bf16_gpt2(tmp_path / "gpt2-small", config)
-    runner = GraphRunner(load_graph(folder, max_context=ctx))
+    runner = GraphRunner(load_graph(folder, max_context=ctx), kv_dtype="bf16")  # as compiled
     machine = load_machine(machine_name)
     program, report = compile_model(folder, machine, dtype="bf16", max_context=ctx)
     gen = Generator(program, machine)

@@ -6,8 +6,9 @@ accumulation (weights of any stored dtype are widened to fp32 once, at load). Ac
 rounded to fp32 (docs/timing-model.md section 3), so the golden model and the mesh differ
 there by at most the last float64 bit of a library function, not by an approximation.
 
-Each ATTENTION node owns a KV cache of `max_context` positions (fp32, (max_context, n_kv_heads *
-head_dim) for keys and for values). A step appends its T positions after the `n_past` already
+Each ATTENTION node owns a KV cache of `max_context` positions ((max_context, n_kv_heads *
+head_dim) for keys and for values; fp32, or values rounded to `kv_dtype` "bf16" / "f16" when
+they are appended, as a compiled program with 16-bit weights stores its caches). A step appends its T positions after the `n_past` already
 cached; the causal mask is over cache slots, so slot j is visible to the step's query i when
 j <= n_past + i. Bidirectional attention sees every filled slot.
 """
@@ -124,8 +125,8 @@ def _attention(run, node, q, k, v):
     t, start = q.shape[0], run.n_past
     end = start + t
     cache_k, cache_v = run.kv_cache[node.id]
-    cache_k[start:end] = k
-    cache_v[start:end] = v
+    cache_k[start:end] = run.kv_round(k)
+    cache_v[start:end] = run.kv_round(v)
     keys = cache_k[:end].reshape(end, nkv, hd).transpose(1, 0, 2)  # (nkv, S, hd)
     values = cache_v[:end].reshape(end, nkv, hd).transpose(1, 0, 2)  # (nkv, S, hd)
     group = nh // nkv  # query head h reads kv head h // group, as transformers' repeat_kv
@@ -158,11 +159,28 @@ _EVAL: Mapping[Op, Callable] = {
 }
 
 
+def _bf16_round(x: np.ndarray) -> np.ndarray:
+    from kernels.convert import bf16_to_f32_array, f32_to_bf16_array
+
+    return bf16_to_f32_array(f32_to_bf16_array(np.ascontiguousarray(x, dtype=np.float32)))
+
+
+_KV_ROUND: dict[str, Callable] = {
+    "f32": lambda x: x, "fp32": lambda x: x,
+    "bf16": _bf16_round,
+    "f16": lambda x: np.asarray(x, np.float32).astype(np.float16).astype(np.float32),
+    "fp16": lambda x: np.asarray(x, np.float32).astype(np.float16).astype(np.float32)}
+
+
 class GraphRunner:
     """Runs a graph step by step with a KV cache; see the module docstring for the semantics."""
 
-    def __init__(self, graph: Graph, weights: Mapping[str, np.ndarray] | None = None):
+    def __init__(self, graph: Graph, weights: Mapping[str, np.ndarray] | None = None,
+                 kv_dtype: str = "f32"):
         verify(graph)
+        if kv_dtype not in _KV_ROUND:
+            raise GraphError(f"kv_dtype must be one of {', '.join(_KV_ROUND)}, got {kv_dtype!r}")
+        self.kv_round = _KV_ROUND[kv_dtype]
         self.graph = graph
         weights = dict(weights or {})
         unknown = sorted(set(weights) - set(graph.weights))

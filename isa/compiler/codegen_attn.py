@@ -3,7 +3,9 @@
 PE g holds K transposed ((head_dim, max_context), a position a column, so that the scores of
 every cached position are one `mv`) and V ((max_context, head_dim), a position a row, so that
 the weighted sum over the whole cache is one `mv` with unfilled scores zeroed), for the query
-heads g*group .. (g+1)*group - 1 that read it (grouped-query attention). A run first takes
+heads g*group .. (g+1)*group - 1 that read it (grouped-query attention); both caches are stored
+in the weight dtype (k and v rounded once, on append, as a 16-bit model's KV cache is; the
+arithmetic stays fp32, and a 16-bit cache runs at the mixed FMAC width). A run first takes
 every position's q, k, v out of the input stream, then appends k and v at their positions
 (RoPE first), then attends, then sends the outputs in position order.
 """
@@ -15,7 +17,7 @@ import numpy as np
 from isa.compiler.emit import (I32, ZF, ZR, at, drop, mem, positions, recv, rope_code, send,
                                softmax_code)
 from isa.compiler.lower import Stage
-from isa.compiler.placement import Placed
+from isa.compiler.placement import WEIGHT_BYTES, Placed
 
 
 class AttentionCodegen:
@@ -33,13 +35,15 @@ class AttentionCodegen:
         north = self.own[s.id]["north"]
         tables = self.rope_tensors(rope, ctx, hd) if rope else None
         qn = group * hd  # query (and output) elements a position
+        kvd = self.dtype  # the caches are stored in the weight dtype (fp32 arithmetic)
+        kvb = WEIGHT_BYTES[kvd]
         for g in range(nkv):
             rb = self.region(s, f".kv{g}", p.rect.x, p.rect.y + g, 1, 1)
             q = rb.alloc("q", qn * T * 4)  # (T, group * hd): a position a row
             k = rb.alloc("k", hd * T * 4)
             v = rb.alloc("v", hd * T * 4)
-            kt = rb.alloc("kt", hd * ctx * 4)  # K cache transposed: (hd, ctx), a position a column
-            vc = rb.alloc("vc", ctx * hd * 4)  # V cache (ctx, hd), a position a row
+            kt = rb.alloc("kt", hd * ctx * kvb)  # K^T cache: (hd, ctx), a position a column
+            vc = rb.alloc("vc", ctx * hd * kvb)  # V cache (ctx, hd), a position a row
             sc = rb.alloc("scores", ctx * 4)
             o = rb.alloc("o", qn * T * 4)
             tmp = rb.alloc("tmp", hd * 4)
@@ -87,15 +91,15 @@ class AttentionCodegen:
                              else []) + ([(k, "r6")] if a["rope_k"] else [])
                     for x, reg in heads:
                         self.rope(rb, x, reg if T > 1 else None, tmp, hd)
-                rb.dmem("d1", "f32", kt, hd)
+                rb.dmem("d1", kvd, kt, hd)
                 rb.dstride("d1", ctx)
-                rb.muli("r2", "r1", 4)
+                rb.muli("r2", "r1", kvb)
                 rb.daddr("d1", "r2", kt)
                 mem(rb, "d2", k, hd)
                 at(rb, "d2", "r6" if T > 1 else None, k)
                 rb.vmov("d1", "d2")
-                rb.muli("r2", "r1", hd * 4)
-                rb.dmem("d1", "f32", vc, hd)
+                rb.muli("r2", "r1", hd * kvb)
+                rb.dmem("d1", kvd, vc, hd)
                 rb.daddr("d1", "r2", vc)
                 mem(rb, "d2", v, hd)
                 at(rb, "d2", "r6" if T > 1 else None, v)
@@ -117,14 +121,14 @@ class AttentionCodegen:
                     rb.vfill("d6", ZF)
                     rb.dmem("d7", "f32", sc, 1)
                     rb.dlen("d7", "r3")
-                    rb.dmem("d8", "f32", kt, 1)
+                    rb.dmem("d8", kvd, kt, 1)
                     rb.d2d("d8", hd, ctx)
                     rb.dlen("d8", "r3")  # (n, hd) rows of K, column stride ctx
                     mem(rb, "d9", q + j * hd * 4, hd)
                     at(rb, "d9", qo, q + j * hd * 4)
                     rb.mv("d7", "d8", "d9")
                     softmax_code(rb, "d7")
-                    rb.dmem("d8", "f32", vc, hd)
+                    rb.dmem("d8", kvd, vc, hd)
                     rb.d2d("d8", ctx, hd)  # V^T: (hd, ctx) column-major; unfilled slots weigh 0
                     mem(rb, "d9", o + j * hd * 4, hd)
                     at(rb, "d9", qo, o + j * hd * 4)

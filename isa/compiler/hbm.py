@@ -314,7 +314,7 @@ class HbmCompiler(HbmAttention):
                 lay.weight_bytes += s.out_len * s.in_len * wb
             elif s.kind == "attn":
                 a = s.attrs
-                lay.kv_bytes += 2 * a["n_kv_heads"] * a["max_context"] * a["head_dim"] * 4
+                lay.kv_bytes += 2 * a["n_kv_heads"] * a["max_context"] * a["head_dim"] * wb
         return lay
 
     def _stage_hbm(self, s: Stage, alloc, budget: int) -> dict:
@@ -344,7 +344,7 @@ class HbmCompiler(HbmAttention):
             return {"tables": [alloc(ref.shape[0] * n * wb) for _, ref, _ in s.tables]}
         if s.kind == "attn":
             a = s.attrs
-            size = a["n_kv_heads"] * a["max_context"] * a["head_dim"] * 4
+            size = a["n_kv_heads"] * a["max_context"] * a["head_dim"] * wb
             return {"k": alloc(size), "v": alloc(size)}
         raise CompileError(f"stage '{s.name}': kind {s.kind!r} has no HBM mapping")
 
@@ -361,7 +361,7 @@ class HbmCompiler(HbmAttention):
             lay.tables[s.id] = [Ha(a, layer) for a in got["tables"]]
         else:
             a = s.attrs
-            chunk = max(1, min(a["max_context"], KV_CHUNK_BYTES // (a["head_dim"] * 4)))
+            chunk = max(1, min(a["max_context"], KV_CHUNK_BYTES // (a["head_dim"] * self.wb)))
             lay.kv[s.id] = (Ha(got["k"], layer), Ha(got["v"], layer), chunk)
 
     def _abs(self, s: Stage, ha: Ha) -> int:

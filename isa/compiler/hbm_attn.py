@@ -1,8 +1,8 @@
 """Attention on the HBM target (mixed into isa.compiler.hbm.HbmCompiler).
 
 One KV head a core (heads g = X, X + C, ...) with the query heads that read it. The K and V
-caches live in HBM, a position a row ((max_context, head_dim) fp32 per KV head): the new k and
-v are appended with `dmast`, and the cached positions come back CH rows a DMA. Scores are one
+caches live in HBM, a position a row ((max_context, head_dim) per KV head, in the weight dtype
+like the mesh's): the new k and v are rounded to it and appended with `dmast`, and the cached positions come back CH rows a DMA. Scores are one
 `mm` a chunk ((1 x hd) q times the chunk's (hd x CH) K^T, which is K row-major), the softmax
 runs over positions 0 .. pos as on the mesh, and the weighted sum is one `mva` a chunk (V^T,
 also K row-major) with the unfilled rows of the last chunk and their scores zero.
@@ -13,6 +13,7 @@ from __future__ import annotations
 from isa.compiler.emit import ZF, ZR, rope_code, softmax_code
 from isa.compiler.hbm_emit import Ha, li64, smem
 from isa.compiler.lower import Stage
+from isa.compiler.placement import WEIGHT_BYTES
 
 
 class HbmAttention:
@@ -27,6 +28,8 @@ class HbmAttention:
         nkv, hd, ctx = a["n_kv_heads"], a["head_dim"], a["max_context"]
         group = a["n_heads"] // nkv
         qn = group * hd
+        kvd = self.dtype  # caches in the weight dtype, as on the mesh (codegen_attn.py)
+        kvb = WEIGHT_BYTES[kvd]
         kha, vha, CH = self.layout.kv[s.id]
         ctxp = -(-ctx // CH) * CH
         rope = a["rope_q"] or a["rope_k"]
@@ -34,7 +37,8 @@ class HbmAttention:
         cos, sin, tmp = A.take(hd * 4), A.take(hd * 4), A.take(hd * 4)
         sc = [A.take(ctxp * 4) for _ in range(group)]
         o = A.take(qn * 4)
-        kc, vc = A.take(CH * hd * 4), A.take(CH * hd * 4)
+        kc, vc = A.take(CH * hd * kvb), A.take(CH * hd * kvb)
+        kq, vq = A.take(hd * kvb), A.take(hd * kvb)  # the new k and v in the cache dtype
         (fin,) = s.in_flows
         (fout,) = s.out_flows
         done, head = L("attn_done"), L("kv_head")
@@ -66,15 +70,17 @@ class HbmAttention:
                 ([k] if a["rope_k"] else [])
             for x in heads:
                 rope_code(rb, x, None, tmp, hd, mem=smem)
-        rb.muli("r1", "r13", ctx * hd * 4)  # this head's caches: r4 = K, r5 = V
+        rb.muli("r1", "r13", ctx * hd * kvb)  # this head's caches: r4 = K, r5 = V
         self.hbm("r4", s, kha)
         rb.add("r4", "r4", "r1")
         self.hbm("r5", s, vha)
         rb.add("r5", "r5", "r1")
-        rb.muli("r1", "r2", hd * 4)
-        for base, buf in (("r4", k), ("r5", v)):
+        rb.muli("r1", "r2", hd * kvb)
+        for base, buf, cast in (("r4", k, kq), ("r5", v, vq)):
             rb.add("r0", base, "r1")
-            smem(rb, "d1", buf, hd)
+            smem(rb, "d1", cast, hd, kvd)
+            smem(rb, "d2", buf, hd)
+            rb.vmov("d1", "d2")  # rounded to the cache dtype once, as a 16-bit model's cache
             rb.dmast("d1", "r0", 2)
         rb.addi("r3", "r2", 1)  # r3: positions attended (0 .. position)
 
@@ -88,9 +94,9 @@ class HbmAttention:
 
         def load_chunk(base, buf, tag):
             chunk_rows()
-            rb.muli("r1", "r6", hd * 4)
+            rb.muli("r1", "r6", hd * kvb)
             rb.add("r0", base, "r1")
-            smem(rb, "d1", buf, 0)
+            smem(rb, "d1", buf, 0, kvd)
             rb.muli("r8", "r7", hd)
             rb.dlen("d1", "r8")
             rb.dmald("d1", "r0", tag)
@@ -107,7 +113,7 @@ class HbmAttention:
             rb.d2d("d6", CH, 1)
             smem(rb, "d7", q + j * hd * 4, 1)
             rb.d2d("d7", hd, 1)
-            smem(rb, "d8", kc, hd)
+            smem(rb, "d8", kc, hd, kvd)
             rb.d2d("d8", CH, hd)
             rb.mm("d6", "d7", "d8")
         rb.addi("r6", "r6", CH)
@@ -140,8 +146,8 @@ class HbmAttention:
         rb.sub("r8", "r8", "r7")
         rb.beq("r8", ZR, full)
         rb.muli("r8", "r8", hd)
-        smem(rb, "d1", vc, 1)
-        rb.muli("r1", "r7", hd * 4)
+        smem(rb, "d1", vc, 1, kvd)
+        rb.muli("r1", "r7", hd * kvb)
         rb.daddr("d1", "r1", vc)
         rb.dlen("d1", "r8")
         rb.vfill("d1", ZF)
@@ -149,7 +155,7 @@ class HbmAttention:
         rb.dmawait(3)
         rb.muli("r1", "r6", 4)
         for j in range(group):
-            smem(rb, "d8", vc, hd)
+            smem(rb, "d8", vc, hd, kvd)
             rb.d2d("d8", CH, hd)  # V^T: (hd, CH) column-major
             smem(rb, "d6", sc[j], CH)
             rb.daddr("d6", "r1", sc[j])

@@ -116,23 +116,25 @@ def _embed_tiling(s: Stage, wbytes: int, sram: int, max_rows: int) -> Placed:
                        f"PEs")
 
 
-def attn_bytes(s: Stage, T: int = 1) -> int:
-    """SRAM bytes of one attention PE: K and V caches, RoPE tables, buffers (fp32)."""
+def attn_bytes(s: Stage, T: int = 1, dtype: str = "f32") -> int:
+    """SRAM bytes of one attention PE: K and V caches (in the weight dtype), RoPE tables and
+    buffers (fp32)."""
     a = s.attrs
     ctx, hd = a["max_context"], a["head_dim"]
     group = a["n_heads"] // a["n_kv_heads"]
-    cache = 2 * ctx * hd
+    cache = 2 * ctx * hd * WEIGHT_BYTES[dtype]
     rope = 2 * ctx * hd if (a["rope_q"] or a["rope_k"]) else 0
     buffers = T * (2 * group * hd + 2 * hd + 1) + hd + ctx + 1  # q, o, k, v, pos; tmp, scores
-    return CODE_RESERVE + 4 * (cache + rope + buffers)
+    return CODE_RESERVE + cache + 4 * (rope + buffers)
 
 
-def _attn_tiling(s: Stage, sram: int, T: int) -> Placed:
-    need = attn_bytes(s, T)
+def _attn_tiling(s: Stage, sram: int, T: int, dtype: str) -> Placed:
+    need = attn_bytes(s, T, dtype)
     a = s.attrs
     if need > sram:
         rope = 2 if (a["rope_q"] or a["rope_k"]) else 0
-        per_pos = 4 * ((2 + rope) * a["head_dim"] + 1)  # cache (+ RoPE table) bytes a position
+        # cache (+ RoPE table) bytes a position
+        per_pos = 2 * a["head_dim"] * WEIGHT_BYTES[dtype] + 4 * (rope * a["head_dim"] + 1)
         fit = max(0, (sram - (need - per_pos * a["max_context"])) // per_pos)
         raise CompileError(
             f"stage '{s.name}': one KV head needs {need} bytes of SRAM for max_context "
@@ -198,7 +200,7 @@ def place(plan: Plan, machine, dtype: str, pad_last: bool = False,
         elif s.kind == "embed":
             p = _embed_tiling(s, wbytes, sram, height)
         elif s.kind == "attn":
-            p = _attn_tiling(s, sram, plan.T)
+            p = _attn_tiling(s, sram, plan.T, dtype)
         else:
             need = _vector_bytes(s, plan.T, dtype)
             if need > sram:

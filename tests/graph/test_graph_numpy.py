@@ -138,3 +138,17 @@ def test_a_graph_bound_to_one_position_decodes_like_the_symbolic_one(llama_dir):
         np.testing.assert_array_equal(bound.decode(token), symbolic.decode(token))
     with pytest.raises(GraphError, match="expected shape \\(1,\\)"):
         bound.prefill([1, 2])
+
+
+def test_a_16_bit_kv_cache_rounds_what_it_stores(llama_dir):
+    graph = load_hf(llama_dir)
+    full, half = GraphRunner(graph), GraphRunner(graph, kv_dtype="bf16")
+    a, b = full.prefill([3, 4, 5]), half.prefill([3, 4, 5])
+    (node,) = [n for n in graph.nodes if n.op is Op.ATTENTION][:1]
+    k_full, k_half = full.kv_cache[node.id][0][:3], half.kv_cache[node.id][0][:3]
+    bits = k_half.view(np.uint32)
+    assert np.all(bits & 0xFFFF == 0)  # bf16 values
+    np.testing.assert_allclose(k_half, k_full, rtol=2 ** -8)
+    assert not np.array_equal(a, b) and np.allclose(a, b, rtol=0.05, atol=0.05)
+    with pytest.raises(GraphError, match="kv_dtype must be one of"):
+        GraphRunner(graph, kv_dtype="int8")
