@@ -119,20 +119,40 @@ def compile_model(source, machine, dtype: str = "f32", max_context: int | None =
         raise CompileError(f"internal: the generated program is invalid: {e}") from None
 
 
+# Cycles a PE of a gemv's reduction or gather chain adds to a token (its hop, its ramps, the
+# streaming op's start, the slices it drops from the input multicast): fitted to timing-only
+# runs of GPT-2 small, medium and XL on wse3, where it picks the fastest of the tile caps
+# 512 .. 32768 (bench/README.md has the measurements).
+CHAIN_CYCLES = 60
+
+
 def place_fastest(plan: Plan, machine, dtype: str, pad_last: bool) -> list[Placed]:
-    """The placement with the smallest weight tiles (so the fewest cycles a matmul) whose stages
-    still fit the machine: the tile cap starts where the weights would fill half the fabric and
-    doubles until the model fits, ending at tiles as large as SRAM holds."""
+    """The placement whose gemv stages are estimated fastest, over tile caps from where the
+    weights would fill the whole fabric up to tiles as large as SRAM holds. Smaller tiles mean
+    less `mv` time per PE but longer reduction and gather chains (more PEs a stage), so the
+    estimate of a token is, summed over the gemv stages in series: tile elements / the FMAC
+    width of the weight dtype, plus CHAIN_CYCLES for every PE along the stage's rows and
+    columns (P + Q)."""
     weights = sum(m.out * s.in_len for s in plan.stages for m in s.matrices)
+    width = machine.simd_width("fmac_f32" if dtype == "f32" else "fmac_mixed") \
+        if hasattr(machine, "simd_width") else 1
     cap = 256
-    while cap * machine.width * machine.height // 2 < weights:
+    while cap * machine.width * machine.height < weights:
         cap *= 2
+    best, best_cost = None, None
     while cap < machine.sram_bytes:
         try:
-            return place(plan, machine, dtype, pad_last, max_tile=cap)
+            placed = place(plan, machine, dtype, pad_last, max_tile=cap)
         except DoesNotFit:
             cap *= 2
-    return place(plan, machine, dtype, pad_last)
+            continue
+        gemvs = [p for s, p in zip(plan.stages, placed) if s.kind == "gemv"]
+        cost = sum(p.tr * p.tc / width + CHAIN_CYCLES * (p.P + p.Q) for p in gemvs)
+        if best_cost is not None and cost >= best_cost:
+            break  # the estimate is convex in the cap: past its minimum it only grows
+        best, best_cost = placed, cost
+        cap *= 2
+    return best if best is not None else place(plan, machine, dtype, pad_last)
 
 
 def format_stages(plan: Plan) -> str:

@@ -415,7 +415,7 @@ def test_a_big_shape_only_program_needs_a_fraction_of_the_memory(tmp_path):
     """GPT-2 with a 4k vocabulary and 8 layers on wse3: the timing-only Loaded keeps SRAM for
     the embedding and attention PEs only, and no weights are read."""
     import json
-    cfg = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 256,
+    cfg = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 512,
            "n_layer": 8, "n_head": 4, "n_positions": 64, "vocab_size": 4096,
            "activation_function": "gelu_new"}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
@@ -423,7 +423,7 @@ def test_a_big_shape_only_program_needs_a_fraction_of_the_memory(tmp_path):
     program, _ = compile_model(tmp_path, machine, dtype="bf16", max_context=16, shape_only=True)
     ld = load(program, machine, with_data=False)
     functional_bytes = int(((ld.sram_len + 7) // 8 * 8).sum())
-    assert ld.n_pes > 5000
+    assert ld.n_pes > 3000  # thousands of PEs
     assert ld.sram.size < 0.1 * functional_bytes
     assert ld.unknown.size == ld.sram.size // 4
     write_input(ld, "input_ids", np.array([5], np.int32))
