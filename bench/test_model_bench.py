@@ -13,8 +13,9 @@ streamed from HBM through the SMs, isa/compiler/hbm.py).
   token-embedding table as the LM head: the same shapes and FLOPs (every matrix is still read
   once a layer), in 3 GB instead of the 32 GB that distinct fp32 weights would need.
 - GPT-2-small shape (124 M weights), functional, bf16: random weights rounded to bf16
-  values, so the fp32 reference reads the very numbers the mesh holds; the emulator's logits
-  must match the reference's (a wrong decode cannot produce a good ratio). The vocabulary is
+  values, so the fp32 reference reads the very numbers the mesh holds (and keeps bf16 KV
+  caches, as the compiled program does); the emulator's logits must match the reference's
+  (a wrong decode cannot produce a good ratio). The vocabulary is
   padded from 50257 to 50304 (= 64 x 786, as nanoGPT pads it): the placement tiles a matrix
   whose rows a tile-row count divides, and 50257 = 29 x 1733 has no such tiling in 1172 rows
   (a shape-only compile pads the LM head's last tile instead, which real weights cannot).
@@ -151,7 +152,11 @@ def test_gpt2_small_functional_decode_vs_numpy(benchmark, tmp_path, machine_name
     benchmark.pedantic(emulator_decode, rounds=3, iterations=1)
     reference = [runner.decode(TOKEN) for _ in results]  # the same positions, in order
     for got, want in zip(results, reference):
-        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4 * np.abs(want).max())
+        # bf16 KV caches round k and v: a last-bit fp32 difference in how the two sum a dot
+        # product can flip a bf16 rounding, so the logits agree to ~0.1 % of their range (an
+        # fp32-cache reference would be 0.4 % off, a wrong decode tens of %)
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=2e-3 * np.abs(want).max())
+        assert np.argmax(got) == np.argmax(want)
     position = runner.n_past
 
     def numpy_decode():  # the next position, again and again (its cache slot is overwritten)
