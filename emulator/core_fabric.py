@@ -21,9 +21,12 @@ from emulator.core_state import (
     T_COUNT, T_NDEST, T_START, X_GROW)
 from emulator.result import ST_RUN, ST_WAIT_BP, ST_WAIT_RECV
 from kernels.access import f32_to_wavelets, wavelets_to_f32
+from kernels.prefetch import prefetch
 
 # ---------------------------------------------------------------------------------------------
 # The scheduler's min-heap of runnable PEs: int64 keys clock << pe_bits | PE, all distinct.
+
+HEAP_PREFETCH_MIN = 1 << 15  # keys (256 KB): smaller heaps stay in the core's own caches
 
 
 @njit(cache=True, inline="always")
@@ -47,15 +50,37 @@ def heap_replace_top(heap, size, key):
     i = 0
     while True:
         first = 4 * i + 1
-        if first >= size:
-            break
         best = first
-        for child in range(first + 1, min(first + 4, size)):
-            if heap[child] < heap[best]:
-                best = child
-        if heap[best] > key:
+        # the next level's candidates, the children of these four (16 keys), load while
+        # these are compared: on a large mesh the lower levels are not in the near caches
+        # (a smaller heap is, and there the hints only cost)
+        below = 4 * first + 1
+        if size > HEAP_PREFETCH_MIN and below < size:
+            prefetch(heap, below)
+            prefetch(heap, min(below + 15, size - 1))
+        if first + 3 < size:
+            # all four children: the smallest by selects (no loop, no data-dependent branch,
+            # which mispredicted on every other compare); the first of equals, as below
+            lo = heap[first]
+            v = heap[first + 1]
+            if v < lo:
+                best, lo = first + 1, v
+            v = heap[first + 2]
+            if v < lo:
+                best, lo = first + 2, v
+            v = heap[first + 3]
+            if v < lo:
+                best, lo = first + 3, v
+        elif first < size:
+            lo = heap[first]
+            for child in range(first + 1, size):
+                if heap[child] < lo:
+                    best, lo = child, heap[child]
+        else:
             break
-        heap[i] = heap[best]
+        if lo > key:
+            break
+        heap[i] = lo
         i = best
     heap[i] = key
 

@@ -23,6 +23,7 @@ from emulator.result import F_COUNT, F_MATRIX_FABRIC, F_NO_ROUTE, F_SHAPE, ST_RU
 from isa.spec import DSD_FABIN, DSD_FABOUT, DSD_MEM
 from kernels import elementwise as ew
 from kernels import matrix, reduce
+from kernels.prefetch import prefetch
 
 
 @njit(cache=True)
@@ -86,13 +87,14 @@ def tensor_op(p, at, code, pe, freg, dsd, sram_f32, sram_u16, unknown, undo, und
         return X_GROW, nwake
     if mp[MP_TRACE_CAP] and not room_for_trace(mp, trace, counters):
         return X_GROW, nwake
+    # the destination's old contents go to the undo log just before it is written, after the
+    # operands are read (which writes no SRAM): by then the loop's prefetch of them has landed
+    log = dst >= 0 and not out_fab and k > 0 and not timing and mp[MP_UNDO] != 0
+    lo, hi = mem_bytes(dsd, p, dst) if log else (0, 0)
     if dst >= 0 and not out_fab and k > 0 and timing:
         mark_unknown(unknown, pe, p, dsd, dst, done, k)  # nothing is written: it is unknown
-    elif dst >= 0 and not out_fab and k > 0 and mp[MP_UNDO]:
-        lo, hi = mem_bytes(dsd, p, dst)
-        if not undo_fits(p, lo, hi, pe, undo, undo_data, counters):
-            return X_GROW, nwake
-        note_write(p, lo, hi, pe, sram_u16, undo, undo_data, counters, mp)
+    elif log and not undo_fits(p, lo, hi, pe, undo, undo_data, counters):
+        return X_GROW, nwake
 
     a_head = -1
     a_tail = -1
@@ -153,6 +155,8 @@ def tensor_op(p, at, code, pe, freg, dsd, sram_f32, sram_u16, unknown, undo, und
                          mp, tree_of, tree, tree_tmp, queue, link, dl, msg, payload, counters,
                          wake, nwake)
     elif dst >= 0 and not timing:
+        if log:
+            note_write(p, lo, hi, pe, sram_u16, undo, undo_data, counters, mp)
         _write_mem(dsd, p, dst, done, k, out, sram_f32, sram_u16, base)
     finish_chunk(p, cls, k, n, start, end, pe, mp, trace, counters)
     return (X_OK if pe[p, P_STATUS] == ST_RUN else X_STOP), nwake
@@ -199,15 +203,20 @@ def matrix_op(p, at, code, pe, dsd, sram_f32, sram_u16, unknown, undo, undo_data
                                  mp[MP_ISSUE])
         finish_chunk(p, cls, total, total, start, end, pe, mp, trace, counters)
         return X_OK
-    if total > 0 and mp[MP_UNDO]:
-        lo, hi = mem_bytes(dsd, p, y)
-        if not undo_fits(p, lo, hi, pe, undo, undo_data, counters):
-            return X_GROW
-        note_write(p, lo, hi, pe, sram_u16, undo, undo_data, counters, mp)
+    log = total > 0 and mp[MP_UNDO] != 0
+    lo, hi = mem_bytes(dsd, p, y)
+    if log and not undo_fits(p, lo, hi, pe, undo, undo_data, counters):
+        return X_GROW
     start, end = chunk_times(p, m_rows * k_cols * n_cols, 0, width, False, -1, -1, pe,
                              mp[MP_ISSUE])
     acc = scratch[2]
     base = pe[p, P_SRAM0]
+    # y's old contents go to the undo log just before y is written (nothing writes SRAM
+    # before that: the product accumulates in scratch). Loading them is started now, so that
+    # they arrive while the product runs instead of stalling the log's copy.
+    w16 = (base + lo) >> 1
+    for i in range(w16, min((base + hi + 1) >> 1, w16 + 32 * 16), 32):  # up to 16 lines
+        prefetch(sram_u16, i)
     if sem == S_MVA or sem == S_MMA:
         _read_mem(dsd, p, y, 0, total, acc, sram_f32, sram_u16, base)
     else:
@@ -221,6 +230,8 @@ def matrix_op(p, at, code, pe, dsd, sram_f32, sram_u16, unknown, undo, undo_data
         matrix.mm(sram_f32, sram_u16, base + dsd[p, w, D_ADDR], m_rows, k_cols,
                   dsd[p, w, D_CSTRIDE], dsd[p, w, D_DTYPE], base + dsd[p, x, D_ADDR], n_cols,
                   dsd[p, x, D_CSTRIDE], dsd[p, x, D_DTYPE], acc)
+    if log:
+        note_write(p, lo, hi, pe, sram_u16, undo, undo_data, counters, mp)
     _write_mem(dsd, p, y, 0, total, acc, sram_f32, sram_u16, base)
     finish_chunk(p, cls, total, total, start, end, pe, mp, trace, counters)
     return X_OK

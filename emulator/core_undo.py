@@ -41,7 +41,9 @@ def _log(a, b, sram_u16, undo, undo_data, counters):
     undo[n, U_START] = a
     undo[n, U_LEN] = b - a
     undo[n, U_OFF] = top
-    undo_data[top:top + b - a] = sram_u16[a:b]
+    src, dst = sram_u16[a:b], undo_data[top:top + b - a]
+    for i in range(b - a):  # an element loop over slices: vector copies (slice assignment
+        dst[i] = src[i]     # compiles to a generic strided loop, a 16-bit word at a time)
     counters[K_UNDO_N] = n + 1
     counters[K_UNDO_TOP] = top + b - a
 

@@ -60,17 +60,22 @@ def gather(sram_f32, sram_u16, base, n, stride, count, cstride, dtype, first, k,
     origin = base // dtype_bytes(dtype)
     if _contiguous(n, stride, count, cstride):
         start = origin + first
+        # an element loop, not a slice copy: Numba's slice assignment costs more than a short
+        # vector's worth of loads, and most tensor ops name short vectors. It runs over a
+        # slice, indexed from 0: with sram[start + i] Numba must allow for a negative index
+        # (wrap-around), and LLVM turns the loop into gathers instead of vector loads.
         if dtype == DT_F32:
-            # an element loop, not a slice copy: Numba's slice assignment costs more than a
-            # short vector's worth of loads, and most tensor ops name short vectors
+            src32 = sram_f32[start:start + k]
             for i in range(k):
-                out[i] = sram_f32[start + i]
+                out[i] = src32[i]
         elif dtype == DT_F16:
+            src16 = sram_u16[start:start + k]
             for i in range(k):
-                out[i] = f16_to_f32(sram_u16[start + i])
+                out[i] = f16_to_f32(src16[i])
         else:
+            src16 = sram_u16[start:start + k]
             for i in range(k):
-                out[i] = bf16_to_f32(sram_u16[start + i])
+                out[i] = bf16_to_f32(src16[i])
         return
     # Walk (row, column) incrementally: a div/mod per element costs more than the load.
     col = first % n
@@ -94,15 +99,19 @@ def scatter(sram_f32, sram_u16, base, n, stride, count, cstride, dtype, first, k
     origin = base // dtype_bytes(dtype)
     if _contiguous(n, stride, count, cstride):
         start = origin + first
+        # over a slice, indexed from 0, as in gather (no wrap-around: vector stores)
         if dtype == DT_F32:
+            dst32 = sram_f32[start:start + k]
             for i in range(k):
-                sram_f32[start + i] = vals[i]
+                dst32[i] = vals[i]
         elif dtype == DT_F16:
+            dst16 = sram_u16[start:start + k]
             for i in range(k):
-                sram_u16[start + i] = f32_to_f16(vals[i])
+                dst16[i] = f32_to_f16(vals[i])
         else:
+            dst16 = sram_u16[start:start + k]
             for i in range(k):
-                sram_u16[start + i] = f32_to_bf16(vals[i])
+                dst16[i] = f32_to_bf16(vals[i])
         return
     col = first % n
     row = first // n
@@ -121,27 +130,31 @@ def scatter(sram_f32, sram_u16, base, n, stride, count, cstride, dtype, first, k
 def wavelets_to_f32(payload_u32, off, k, dtype, out):
     """out[0:k] = fp32 values of wavelets payload[off:off+k] carrying `dtype` elements.
 
-    16-bit types take the low half of each wavelet: the converters read only the low 16 bits."""
+    16-bit types take the low half of each wavelet: the converters read only the low 16 bits.
+    The loops index a slice from 0, as in gather (vector loads, not gathers)."""
+    src = payload_u32[off:off + k]
     if dtype == DT_F32:
         for i in range(k):
-            out[i] = f32_from_bits(payload_u32[off + i])
+            out[i] = f32_from_bits(src[i])
     elif dtype == DT_F16:
         for i in range(k):
-            out[i] = f16_to_f32(payload_u32[off + i])
+            out[i] = f16_to_f32(src[i])
     else:
         for i in range(k):
-            out[i] = bf16_to_f32(payload_u32[off + i])
+            out[i] = bf16_to_f32(src[i])
 
 
 @njit(cache=True)
 def f32_to_wavelets(vals, k, dtype, payload_u32, off):
-    """payload[off:off+k] = wavelets of fp32 vals[0:k]; 16-bit types rounded, in the low half."""
+    """payload[off:off+k] = wavelets of fp32 vals[0:k]; 16-bit types rounded, in the low half.
+    (Over a slice indexed from 0, as wavelets_to_f32.)"""
+    dst = payload_u32[off:off + k]
     if dtype == DT_F32:
         for i in range(k):
-            payload_u32[off + i] = np.uint32(f32_bits(vals[i]))
+            dst[i] = np.uint32(f32_bits(vals[i]))
     elif dtype == DT_F16:
         for i in range(k):
-            payload_u32[off + i] = np.uint32(f32_to_f16(vals[i]))
+            dst[i] = np.uint32(f32_to_f16(vals[i]))
     else:
         for i in range(k):
-            payload_u32[off + i] = np.uint32(f32_to_bf16(vals[i]))
+            dst[i] = np.uint32(f32_to_bf16(vals[i]))

@@ -8,6 +8,15 @@ single rounding. Eight columns are folded into one pass over acc (still added in
 that cuts the loads and stores of acc by eight and keeps eight weight streams in flight, which
 measured fastest on tiles streamed from DRAM (4 and 16 were slower). 16-bit tiles are widened
 to fp32 inside the same loop (mv), or once for all columns of B (mm).
+
+Each pass over eight columns first prefetches (kernels.prefetch, a hint that changes no value)
+the memory about AHEAD_BYTES further on: a tile is a few KB, too short for the hardware
+prefetcher to get going before it ends, and the emulator's tiles lie one after another in SRAM
+in the order the PEs usually run them, so a contiguous tile prefetches across its end into the
+next PE's. That about halved the time of the 4096 x 4096 gemv's tile products (64 MB of tiles
+from DRAM: 3.2 -> 1.7 ms). The hint is the non-temporal one: a tile is read once, and so it
+does not push the scheduler's per-PE rows out of the last-level cache (another ~15 % of that
+whole run).
 """
 
 import numpy as np
@@ -15,6 +24,37 @@ from numba import njit
 
 from kernels.access import DT_F16, DT_F32, dtype_bytes, gather
 from kernels.convert import bf16_to_f32, f16_to_f32
+from kernels.prefetch import prefetch_once as prefetch
+
+# How far ahead the column kernels prefetch, and one cache line, in bytes: 8-12 KB ahead
+# measured fastest for 64 x 64 fp32 tiles streamed from DRAM (2 KB ahead: 1.3x slower, 32 KB: 1.2x).
+AHEAD_BYTES = 8192
+LINE_BYTES = 64
+
+
+@njit(cache=True, inline="always")
+def _prefetch_block(w, c0, m, cstride, size):
+    """Prefetch ahead of the 8-column block at element c0 of w (elements of `size` bytes):
+    linearly AHEAD_BYTES past it when the tile is contiguous (cstride == m: on into whatever
+    follows it in SRAM), else the columns of the block that many bytes of columns later."""
+    n = w.shape[0]
+    step = LINE_BYTES // size
+    if cstride == m:
+        q = c0 + AHEAD_BYTES // size
+        end = min(q + 8 * m, n)
+        while q < end:
+            prefetch(w, q)
+            q += step
+        return
+    if cstride <= 0:
+        return
+    cols = max(8, AHEAD_BYTES // (size * max(m, 1)))
+    for c in range(8):
+        q = c0 + (cols + c) * cstride
+        end = min(q + m, n)
+        while q < end:
+            prefetch(w, q)
+            q += step
 
 
 @njit(cache=True)
@@ -24,6 +64,7 @@ def _axpy_columns(w, w_start, m, k, w_cstride, x, acc, acc_start):
     j = 0
     while j + 8 <= k:
         c0 = w_start + j * w_cstride
+        _prefetch_block(w, c0, m, w_cstride, 4)
         w0 = w[c0:c0 + m]
         w1 = w[c0 + w_cstride:c0 + w_cstride + m]
         w2 = w[c0 + 2 * w_cstride:c0 + 2 * w_cstride + m]
@@ -64,6 +105,7 @@ def _axpy_f16(w, w_start, m, k, w_cstride, x, acc, acc_start):
     j = 0
     while j + 8 <= k:
         c0 = w_start + j * w_cstride
+        _prefetch_block(w, c0, m, w_cstride, 2)
         w0 = w[c0:c0 + m]
         w1 = w[c0 + w_cstride:c0 + w_cstride + m]
         w2 = w[c0 + 2 * w_cstride:c0 + 2 * w_cstride + m]
@@ -100,6 +142,7 @@ def _axpy_bf16(w, w_start, m, k, w_cstride, x, acc, acc_start):
     j = 0
     while j + 8 <= k:
         c0 = w_start + j * w_cstride
+        _prefetch_block(w, c0, m, w_cstride, 2)
         w0 = w[c0:c0 + m]
         w1 = w[c0 + w_cstride:c0 + w_cstride + m]
         w2 = w[c0 + 2 * w_cstride:c0 + 2 * w_cstride + m]

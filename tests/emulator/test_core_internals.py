@@ -225,3 +225,30 @@ def test_the_scheduler_heap_orders_like_heapq():
                 heapq.heappop(ref)
                 out.add(p)
     assert size == len(ref)
+
+
+def test_a_heap_above_the_prefetch_size_orders_like_heapq():
+    """A heap larger than HEAP_PREFETCH_MIN (where sifting down prefetches the level below)
+    pops the same keys as heapq, through replace-top and pop."""
+    import heapq
+
+    from emulator.core_fabric import HEAP_PREFETCH_MIN, heap_pop_top, heap_push, heap_replace_top
+    rng = np.random.default_rng(7)
+    n, bits = HEAP_PREFETCH_MIN + 1000, 17
+    clocks = rng.integers(0, 1 << 20, n)
+    heap = np.zeros(n, np.int64)
+    size, ref = 0, []
+    for p in range(n):
+        size = heap_push(heap, size, int(clocks[p]) << bits | p)
+        heapq.heappush(ref, int(clocks[p]) << bits | p)
+    for step in range(3000):
+        assert int(heap[0]) == ref[0]
+        if step % 3:
+            new = ref[0] + (int(rng.integers(1, 1 << 10)) << bits)
+            heap_replace_top(heap, size, new)
+            heapq.heapreplace(ref, new)
+        else:
+            size = heap_pop_top(heap, size)
+            heapq.heappop(ref)
+    assert size == len(ref)
+    assert sorted(heap[:size].tolist()) == sorted(ref)

@@ -1,0 +1,55 @@
+"""A software prefetch hint for jitted loops that stream memory the hardware does not foresee.
+
+`prefetch(arr, i)` asks the CPU to start loading the cache line holding arr[i] (LLVM's
+llvm.prefetch: read, data cache). It is only a hint: it never faults, changes no value and
+no result, and compiles to nothing on a target without prefetch instructions; an index past the
+end is harmless but wasted, so callers clamp it. Used where the emulator walks data the hardware
+prefetcher picks up too late: the weight tiles of the matrix kernels, short (a few KB per PE)
+and one after another in SRAM, so every tile would start with a run of DRAM misses; and the
+scheduler's next PE's rows of the per-PE tables (core_sched), which a large mesh keeps in DRAM.
+"""
+
+from llvmlite import binding as llvm
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+
+# The intrinsic's name carries its pointer type: opaque "p0" since LLVM 17 (typed pointers are
+# gone), "p0i8" for the i8* of the LLVM 14-16 that older llvmlite releases build on.
+_NAME = "llvm.prefetch." + ("p0" if llvm.llvm_version_info[0] >= 17 else "p0i8")
+
+
+def _make(locality):
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        index = context.cast(builder, args[1], sig.args[1], types.intp)
+        ptr = builder.gep(ary.data, [index])
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, _NAME)
+        # read (0), temporal locality 0..3, data cache (1)
+        builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0),
+                          ir.Constant(i32, locality), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+    return codegen
+
+
+@intrinsic
+def prefetch(typingctx, arr, index):
+    """Hint that the element at flat index `index` of C-contiguous `arr` (arr.ravel()[index],
+    in range) will be read soon, and kept (all cache levels)."""
+    if not isinstance(arr, types.Array) or not isinstance(index, types.Integer):
+        return None
+    return types.void(arr, index), _make(3)
+
+
+@intrinsic
+def prefetch_once(typingctx, arr, index):
+    """As `prefetch`, for data read once (a streamed weight tile): the non-temporal hint, so
+    that it does not evict what is reused from the outer caches (x86 prefetchnta)."""
+    if not isinstance(arr, types.Array) or not isinstance(index, types.Integer):
+        return None
+    return types.void(arr, index), _make(0)
