@@ -11,13 +11,12 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from bench.conftest import best_of
+from bench.conftest import best_of, record
 from emulator.core import run
 from emulator.load import load, write_input
 from emulator.machine import load_machine
@@ -37,10 +36,8 @@ def test_gemv_vs_numpy(benchmark, n, pes):
     run(loaded)  # compile / warm the caches
     result = benchmark.pedantic(run, args=(loaded,), rounds=3, iterations=1)
     numpy_s = best_of(lambda: w @ x)
-    emu_s = benchmark.stats.stats.min
-    benchmark.extra_info.update(numpy_seconds=numpy_s, ratio_to_numpy=emu_s / numpy_s,
-                                instructions=int(result.instructions.sum()),
-                                emulated_cycles=int(result.cycles))
+    record(benchmark, numpy_seconds=numpy_s, ratio_to_numpy=lambda emu_s: emu_s / numpy_s,
+           instructions=int(result.instructions.sum()), emulated_cycles=int(result.cycles))
     del w, loaded
 
 
@@ -50,8 +47,8 @@ def test_dispatch_heavy_instructions_per_second(benchmark):
     run(loaded)
     result = benchmark.pedantic(run, args=(loaded,), rounds=3, iterations=1)
     instructions = int(result.instructions.sum())
-    benchmark.extra_info.update(instructions=instructions,
-                                instructions_per_second=instructions / benchmark.stats.stats.min)
+    record(benchmark, instructions=instructions,
+           instructions_per_second=lambda seconds: instructions / seconds)
 
 
 def _cli() -> str:
@@ -76,8 +73,8 @@ def test_warm_run_vs_python_startup(benchmark, tmp_path):
     benchmark.pedantic(subprocess.run, args=(cmd,), kwargs={"check": True, "capture_output": True},
                        rounds=5, iterations=1)
     python_s = best_of(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True))
-    benchmark.extra_info.update(python_startup_seconds=python_s,
-                                ratio_to_python_startup=benchmark.stats.stats.min / python_s)
+    record(benchmark, python_startup_seconds=python_s,
+           ratio_to_python_startup=lambda seconds: seconds / python_s)
 
 
 def test_help_starts_fast(benchmark):
