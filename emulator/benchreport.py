@@ -12,6 +12,8 @@ import json
 import math
 from pathlib import Path
 
+from emulator.benchsuite import CONTEXT_LADDER
+
 
 PARTS = {"vector": "norms and residual adds", "gemv": "layer matrix-vector products",
          "attn": "attention", "head": "LM head", "embed": "embedding"}
@@ -98,7 +100,8 @@ def markdown(suite: dict) -> str:
             f"{fmt_fraction(f['link_utilisation_max'])} | {_floors_cell(c)} |")
     if notes:
         lines += [""] + [f"[{i}] {n}" for i, n in enumerate(notes, 1)]
-    lines += ["", "Columns: context = the largest KV-cache length of (1024, 256, 64, 16) that "
+    lines += ["", "Columns: context = the largest KV-cache length of "
+              f"{', '.join(map(str, CONTEXT_LADDER))} that "
               "compiles for the machine; position = the decoded position (the same on every "
               "machine of a model); fabric bytes = wavelet-hops x 4 B (every link a wavelet "
               "crosses); time/layer measured on mesh programs, ~ = time/token / layers on HBM "

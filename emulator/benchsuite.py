@@ -73,7 +73,7 @@ BUILTIN_MODELS = {
 }
 DEFAULT_MODELS = tuple(BUILTIN_MODELS)
 DEFAULT_MACHINES = ("wse3", "h100")
-CONTEXT_LADDER = (1024, 256, 64, 16)  # tried largest first when --max-context is not given
+CONTEXT_LADDER = (1024, 256, 64, 32, 16)  # tried largest first when --max-context is not given
 DTYPE_BYTES = {"fp32": 4, "f32": 4, "fp16": 2, "f16": 2, "bf16": 2}
 TOKEN_ID = 1  # the token fed to the measured decode step (timing does not depend on it)
 BATCH_NOTE = ("batch 1 only: the compiled programs run one position of one sequence a run "

@@ -380,7 +380,7 @@ def _names(values: tuple[str, ...]) -> list[str]:
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="bf16",
               show_default=True, help="storage type of the weights")
 @click.option("--max-context", type=click.IntRange(min=1),
-              help="KV-cache positions [default: the largest of 1024, 256, 64, 16 that fits]")
+              help="KV-cache positions [default: the largest of 1024, 256, 64, 32, 16 that fits]")
 @click.option("--position", type=click.IntRange(min=0),
               help="decode position [default: the last the smallest context of a model holds]")
 @user_errors

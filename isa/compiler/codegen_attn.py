@@ -52,10 +52,10 @@ class AttentionCodegen:
             rb.piece("position_ids", pos, I32, (T, 1))
             rb.load(self.default_positions(), pos, I32, (T, 1))
             if rope:
-                cos = rb.alloc("cos", ctx * hd * 4)
-                sin = rb.alloc("sin", ctx * hd * 4)
-                rb.load(tables[0], cos, "f32", (ctx, hd), order="C")
-                rb.load(tables[1], sin, "f32", (ctx, hd), order="C")
+                cos = rb.alloc("cos", ctx * hd * 2)  # (ctx, hd / 2): a position a row
+                sin = rb.alloc("sin", ctx * hd * 2)
+                rb.load(tables[0], cos, "f32", (ctx, hd // 2), order="C")
+                rb.load(tables[1], sin, "f32", (ctx, hd // 2), order="C")
             parts = sorted([(a["q_off"] + g * qn, qn, q), (a["k_off"] + g * hd, hd, k),
                             (a["v_off"] + g * hd, hd, v)], key=lambda t: t[0])
 
@@ -82,10 +82,10 @@ class AttentionCodegen:
                     rb.muli("r6", "r10", hd * 4)  # this position's k and v
                     rb.muli("r5", "r10", qn * 4)  # and q
                 if rope:
-                    rb.muli("r2", "r1", hd * 4)
-                    rb.dmem("d4", "f32", cos, hd)
+                    rb.muli("r2", "r1", hd * 2)
+                    rb.dmem("d4", "f32", cos, hd // 2)
                     rb.daddr("d4", "r2", cos)
-                    rb.dmem("d5", "f32", sin, hd)
+                    rb.dmem("d5", "f32", sin, hd // 2)
                     rb.daddr("d5", "r2", sin)
                     heads = ([(q + j * hd * 4, "r5") for j in range(group)] if a["rope_q"]
                              else []) + ([(k, "r6")] if a["rope_k"] else [])
@@ -143,7 +143,7 @@ class AttentionCodegen:
             rb.halt()
 
     def rope_tensors(self, rope, ctx: int, hd: int) -> tuple[str, str]:
-        """Inline tensors of the cos and (-sin, sin) tables, declared once per shape."""
+        """Inline tensors of the cos and sin tables, declared once per shape."""
         names = (f"rope_cos_{ctx}x{hd}_{rope[1]:g}", f"rope_sin_{ctx}x{hd}_{rope[1]:g}")
         if names[0] not in self.rope_declared:
             for name, table in zip(names, _rope_tables(rope, ctx, hd)):
@@ -172,13 +172,10 @@ class AttentionCodegen:
 
 
 def _rope_tables(rope, ctx: int, hd: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos and (-sin, sin) of every position, fp32 as transformers computes them."""
+    """cos and sin of every position at the hd/2 frequencies, (ctx, hd / 2) fp32 as
+    transformers computes them (its tables repeat them for both halves)."""
     _, theta = rope
     inv_freq = np.float32(1.0) / (np.float32(theta) ** (np.arange(0, hd, 2, dtype=np.float32)
                                                         / np.float32(hd)))
     angles = np.arange(ctx, dtype=np.float32)[:, None] * inv_freq[None, :]  # (ctx, hd/2)
-    angles = np.concatenate([angles, angles], axis=-1)  # (ctx, hd)
-    cos, sin = np.cos(angles), np.sin(angles)
-    half = hd // 2
-    sin[:, :half] *= -1
-    return cos.astype(np.float32), sin.astype(np.float32)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)

@@ -140,24 +140,28 @@ def norm_code(rb, kind, dst, src, n: int, off, attrs, params, dtype, mem=mem) ->
 
 
 def rope_code(rb, x, reg, tmp, hd: int, mem=mem) -> None:
-    """RoPE of one head in place: x = x * cos + swap_halves(x) * sin', sin' = (-sin, sin)
-    (transformers' rotate_half); x is at address x (+ register reg when not None), descriptors
-    d4 and d5 hold this position's cos and sin' rows, tmp is hd fp32 of scratch."""
+    """RoPE of one head in place, transformers' x * cos + rotate_half(x) * sin with the halves
+    l, h of x: l' = l * c - h * s, h' = h * c + l * s (c, s: this position's cos and sin of the
+    hd/2 frequencies, in descriptors d4 and d5; each product rounded to fp32, then one add).
+    x is at address x (+ register reg when not None); tmp is hd fp32 of scratch."""
     h = hd // 2
+
+    def half(d, addr):
+        mem(rb, d, addr, h)
+        at(rb, d, reg, addr)
     mem(rb, "d1", tmp, h)
-    mem(rb, "d2", x + h * 4, h)
-    at(rb, "d2", reg, x + h * 4)
-    rb.vmov("d1", "d2")
+    half("d2", x + h * 4)
+    rb.vmul("d1", "d2", "d5")  # tmp[:h] = h * s
     mem(rb, "d1", tmp + h * 4, h)
-    mem(rb, "d2", x, h)
-    at(rb, "d2", reg, x)
-    rb.vmov("d1", "d2")
-    mem(rb, "d1", tmp, hd)
-    rb.vmul("d1", "d1", "d5")
-    mem(rb, "d2", x, hd)
-    at(rb, "d2", reg, x)
-    rb.vmul("d2", "d2", "d4")
-    rb.vadd("d2", "d2", "d1")
+    half("d2", x)
+    rb.vmul("d1", "d2", "d5")  # tmp[h:] = l * s
+    rb.vmul("d2", "d2", "d4")  # l = l * c
+    mem(rb, "d1", tmp, h)
+    rb.vsub("d2", "d2", "d1")  # l = l * c - h * s
+    half("d2", x + h * 4)
+    rb.vmul("d2", "d2", "d4")  # h = h * c
+    mem(rb, "d1", tmp + h * 4, h)
+    rb.vadd("d2", "d2", "d1")  # h = h * c + l * s
 
 
 def softmax_code(rb, d) -> None:

@@ -287,7 +287,7 @@ class HbmCompiler(HbmAttention):
                 a = s.attrs
                 key = (a["max_context"], a["head_dim"], (a["rope_q"] or a["rope_k"])[1])
                 if key not in seen_rope:
-                    size = key[0] * key[1] * 4
+                    size = key[0] * key[1] * 2  # (ctx, hd / 2) fp32
                     seen_rope[key] = (pb.hbm_alloc(f"rope_cos_{s.id}", size),
                                       pb.hbm_alloc(f"rope_sin_{s.id}", size))
                 lay.rope[s.id] = seen_rope[key]

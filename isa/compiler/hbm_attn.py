@@ -34,7 +34,7 @@ class HbmAttention:
         ctxp = -(-ctx // CH) * CH
         rope = a["rope_q"] or a["rope_k"]
         q, k, v = A.take(qn * 4), A.take(hd * 4), A.take(hd * 4)
-        cos, sin, tmp = A.take(hd * 4), A.take(hd * 4), A.take(hd * 4)
+        cos, sin, tmp = A.take(hd * 2), A.take(hd * 2), A.take(hd * 4)
         sc = [A.take(ctxp * 4) for _ in range(group)]
         o = A.take(qn * 4)
         kc, vc = A.take(CH * hd * kvb), A.take(CH * hd * kvb)
@@ -58,14 +58,14 @@ class HbmAttention:
         if rope:
             for addr, buf in zip(self.layout.rope[s.id], (cos, sin)):
                 li64(rb, "r0", addr)
-                rb.muli("r1", "r2", hd * 4)
+                rb.muli("r1", "r2", hd * 2)  # (ctx, hd / 2) tables: this position's row
                 rb.add("r0", "r0", "r1")
-                smem(rb, "d1", buf, hd)
+                smem(rb, "d1", buf, hd // 2)
                 rb.dmald("d1", "r0", 0)
         rb.dmawait(0)
         if rope:
-            smem(rb, "d4", cos, hd)
-            smem(rb, "d5", sin, hd)
+            smem(rb, "d4", cos, hd // 2)
+            smem(rb, "d5", sin, hd // 2)
             heads = ([q + j * hd * 4 for j in range(group)] if a["rope_q"] else []) + \
                 ([k] if a["rope_k"] else [])
             for x in heads:

@@ -123,7 +123,7 @@ def attn_bytes(s: Stage, T: int = 1, dtype: str = "f32") -> int:
     ctx, hd = a["max_context"], a["head_dim"]
     group = a["n_heads"] // a["n_kv_heads"]
     cache = 2 * ctx * hd * WEIGHT_BYTES[dtype]
-    rope = 2 * ctx * hd if (a["rope_q"] or a["rope_k"]) else 0
+    rope = ctx * hd if (a["rope_q"] or a["rope_k"]) else 0  # cos and sin, (ctx, hd / 2) each
     buffers = T * (2 * group * hd + 2 * hd + 1) + hd + ctx + 1  # q, o, k, v, pos; tmp, scores
     return CODE_RESERVE + cache + 4 * (rope + buffers)
 
@@ -132,7 +132,7 @@ def _attn_tiling(s: Stage, sram: int, T: int, dtype: str) -> Placed:
     need = attn_bytes(s, T, dtype)
     a = s.attrs
     if need > sram:
-        rope = 2 if (a["rope_q"] or a["rope_k"]) else 0
+        rope = 1 if (a["rope_q"] or a["rope_k"]) else 0
         # cache (+ RoPE table) bytes a position
         per_pos = 2 * a["head_dim"] * WEIGHT_BYTES[dtype] + 4 * (rope * a["head_dim"] + 1)
         fit = max(0, (sram - (need - per_pos * a["max_context"])) // per_pos)
