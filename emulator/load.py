@@ -170,8 +170,8 @@ def load(program: Program, machine: Machine, base_dir: str | None = None,
         return _load(program, machine, base_dir, with_data)
     except LoadError as e:
         # a compiled model records its machine: say so when it is loaded on another one
-        target = program.meta.get("compiler", {}).get("machine") \
-            if isinstance(program.meta.get("compiler"), dict) else None
+        info = program.meta.get("compiler")
+        target = info.get("machine") if isinstance(info, dict) else None
         if target and target != machine.name and "compiled for" not in str(e):
             raise LoadError(f"{e} (the program was compiled for machine '{target}': pass "
                             f"--machine {target})") from None

@@ -34,6 +34,7 @@ r0-r10 and r13 are stage scratch; d13-d15 are the barrier's.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -279,9 +280,8 @@ class HbmCompiler(HbmAttention):
                 n, i = self.body_of[s.id]
                 self._record(lay, s, offsets[i], layer=True)
             else:
-                def alloc(size, s=s, k=[0]):  # noqa: B006 - a counter per stage
-                    k[0] += 1
-                    return pb.hbm_alloc(f"s{s.id}.{k[0]}", size)
+                def alloc(size, s=s, k=itertools.count(1)):  # buffers s<id>.1, .2, ...
+                    return pb.hbm_alloc(f"s{s.id}.{next(k)}", size)
                 self._record(lay, s, self._stage_hbm(s, alloc, budget), layer=False)
             if s.kind == "attn" and (s.attrs["rope_q"] or s.attrs["rope_k"]):
                 a = s.attrs
@@ -640,28 +640,25 @@ class HbmCompiler(HbmAttention):
             self.swiglu_chunked(s, x, ups, g.up_chunk)
         smem(rb, "d2", x, K)
         rb.label(loop)
+        def consume(dy, dw, db, wtag, ytag):  # the tile has arrived, dy's last store left
+            rb.dmawait(wtag)
+            rb.dmawait(ytag)
+            tile(dy, dw, db, ytag)
+            rb.addi("r3", "r3", -1)
+
         if not self.double_buffer:  # one buffer: every tile's transfer, then its mv
             fetch("d0", "d5", 0)
-            rb.dmawait(0)
-            rb.dmawait(2)
-            tile("d3", "d0", "d5", 2)
-            rb.addi("r3", "r3", -1)
+            consume("d3", "d0", "d5", 0, 2)
             rb.bne("r3", ZR, loop)
             rb.label(done)
             for tag in (2, 4):
                 rb.dmawait(tag)
             return
         prefetch("d1", "d6", 1)
-        rb.dmawait(0)
-        rb.dmawait(2)  # ya's last store has left
-        tile("d3", "d0", "d5", 2)
-        rb.addi("r3", "r3", -1)
+        consume("d3", "d0", "d5", 0, 2)
         rb.beq("r3", ZR, done)
         prefetch("d0", "d5", 0)
-        rb.dmawait(1)
-        rb.dmawait(3)
-        tile("d4", "d1", "d6", 3)
-        rb.addi("r3", "r3", -1)
+        consume("d4", "d1", "d6", 1, 3)
         rb.bne("r3", ZR, loop)
         rb.label(done)
         for tag in (2, 3, 4):
