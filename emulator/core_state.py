@@ -203,6 +203,27 @@ def class_table(loaded: Loaded) -> np.ndarray:
     return table
 
 
+# Per opcode, a mask of the slots (bit 0 A, 1 B, 2 C) that name a descriptor register.
+_DREG_SLOTS = np.zeros(256, dtype=np.int64)
+for _ins in INSTRUCTIONS:
+    for _name, _kind, _slot in _ins.operands:
+        if _kind == "dreg":
+            _DREG_SLOTS[_ins.opcode] |= 1 << "ABC".index(_slot)
+
+
+def dregs_used(loaded: Loaded) -> int:
+    """1 + the highest descriptor register the code names (at least 1): the loop indexes the
+    descriptor table only with registers taken from the code (the loader checked them)."""
+    op = np.asarray(loaded.code_op, dtype=np.int64)
+    mask = _DREG_SLOTS[op]
+    top = 0
+    for bit, regs in ((1, loaded.code_a), (2, loaded.code_b), (4, loaded.code_c)):
+        named = np.asarray(regs, dtype=np.int64)[(mask & bit) != 0]
+        if named.size:
+            top = max(top, int(named.max()) + 1)
+    return max(1, min(top, N_DREGS))
+
+
 def decode_table(loaded: Loaded) -> np.ndarray:
     """The code of every region as (n_instr, N_CODE_COLS) int64 rows."""
     m = loaded.machine
@@ -247,6 +268,7 @@ class Static:
         self.tree[:, E_PARENT] = loaded.tree_parent
         self.tree[:, E_DEST] = dest
         self.tree_width = max(1, int(loaded.tree_count.max(initial=0)))
+        self.dregs = dregs_used(loaded)
         self.buffers: dict[str, np.ndarray] = {}
 
     def buffer(self, name: str, shape: tuple, dtype) -> np.ndarray:
@@ -303,8 +325,10 @@ class State:
         self.ireg = fixed.buffer("ireg", loaded.ireg_init.shape, np.int64)
         self.ireg[:] = loaded.ireg_init
         self.freg = fixed.zeroed("freg", (n, N_FREGS), np.float32)
-        self.dsd = fixed.buffer("dsd", (n, N_DREGS, 8), np.int64)
-        self.dsd[:] = _EMPTY_DSD
+        # only the descriptor registers the code names: a 64 x 64 GEMV uses 6 of the 16, and
+        # the run resets, prefetches and misses on 6 lines a PE instead of 16
+        self.dsd = fixed.buffer("dsd", (n, fixed.dregs, 8), np.int64)
+        self.dsd[:] = _EMPTY_DSD[:fixed.dregs]
         self.sram_f32 = loaded.sram.view(np.float32)
         self.sram_u16 = loaded.sram.view(np.uint16)
         self.sram_i32 = loaded.sram.view(np.int32)

@@ -252,3 +252,50 @@ def test_a_heap_above_the_prefetch_size_orders_like_heapq():
             heapq.heappop(ref)
     assert size == len(ref)
     assert sorted(heap[:size].tolist()) == sorted(ref)
+
+
+class Run:  # what same_run compares
+    def __init__(self, loaded, result):
+        self.loaded, self.result = loaded, result
+
+
+def highest_descriptor_program(top: int):
+    """Two PEs: a vector op and an mv on descriptors d0, d(top - 1) and d(top // 2), then a
+    descriptor that names a register only as a fabric operand on the last one."""
+    pb = ProgramBuilder(f"dregs-{top}")
+    pb.route(0, 0, 1, 1, 0, rx="RAMP", tx="E")
+    pb.route(1, 0, 1, 1, 0, rx="W", tx="RAMP")
+    rb = pb.region("row", 0, 0, 2, 1)
+    w = rb.alloc("w", 4 * 16)
+    x = rb.alloc("x", 4 * 4)
+    y = rb.alloc("y", 4 * 4)
+    rb.init(w, "f32", [0.5 * i - 3 for i in range(16)])
+    rb.init(x, "f32", [1.0, -2.0, 0.25, 4.0])
+    hi, mid = top - 1, top // 2
+    rb.dmem(hi, "f32", w, 4)
+    rb.d2d(hi, 4, 4)
+    rb.dmem(0, "f32", x, 4)
+    rb.dmem(mid, "f32", y, 4)
+    rb.mv(mid, hi, 0)
+    rb.vadd(0, 0, mid)
+    rb.beq("X", "r0", "send")
+    rb.dfin(hi, "f32", 0, 4)
+    rb.vmov(0, hi)
+    rb.halt()
+    rb.label("send")
+    rb.dfout(hi, "f32", 0, 4)
+    rb.vmov(hi, 0)
+    rb.halt()
+    return pb.build()
+
+
+@pytest.mark.parametrize("top", [3, 9, 16])
+def test_the_descriptor_table_holds_the_registers_the_code_names_and_runs_as_the_reference(top):
+    program = highest_descriptor_program(top)
+    ld = load(program, load_machine("tiny"))
+    state = State(ld, None, False, False, 1000)
+    assert state.dsd.shape[1] == top  # d(top - 1) is the highest register named
+    got = Run(ld, core.run(ld))
+    want_ld = load(program, load_machine("tiny"))
+    same_run(got, Run(want_ld, reference_run(want_ld)))
+    assert got.result.outcome == RUN_HALTED
