@@ -35,6 +35,11 @@ def test_simd_variant_follows_isa_spec_simd_key_for_every_class_and_dtype_mix():
                 assert SIMD_KEYS[keys[ci, variant]] == simd_key(name, dts), (name, dts)
 
 
+class Run:  # what same_run compares
+    def __init__(self, loaded, result):
+        self.loaded, self.result = loaded, result
+
+
 def exchange(messages=12, n=16):
     """Three PEs in a row: the first two send `messages` vectors east and the next PE adds
     up what it receives (the middle one only after its own sends: backpressure)."""
@@ -93,12 +98,7 @@ def _run_with(state_edit, program, machine="test64"):
     ref_ld = load(program, load_machine(machine))
     want = reference_run(ref_ld)
 
-    class Ex:  # what same_run expects
-        pass
-
-    a, b = Ex(), Ex()
-    a.result, a.loaded, b.result, b.loaded = got, ld, want, ref_ld
-    same_run(a, b)
+    same_run(Run(ld, got), Run(ref_ld, want))
     return got
 
 
@@ -252,11 +252,6 @@ def test_a_heap_above_the_prefetch_size_orders_like_heapq():
             heapq.heappop(ref)
     assert size == len(ref)
     assert sorted(heap[:size].tolist()) == sorted(ref)
-
-
-class Run:  # what same_run compares
-    def __init__(self, loaded, result):
-        self.loaded, self.result = loaded, result
 
 
 def highest_descriptor_program(top: int):
