@@ -37,12 +37,13 @@ from numba.extending import intrinsic
 
 from emulator.core_exec import (exec_desc, exec_dma, exec_dmawait, exec_float, exec_int, is_dma,
                                 is_fabric)
+from emulator.core_jobs import settle, touches_sram
 from emulator.core_fabric import heap_pop_top, heap_push, heap_replace_top, still_first
 from emulator.core_state import (
     C_A, C_B, C_C, C_CLASS, C_COST, C_IH, C_IL, C_IMM, C_SEM, D_ADDR, D_KIND, K_CLASS0,
     K_FAULT_PE, K_FAULT_REASON, K_HEAP_N, K_INSTR_TOTAL, K_OUTCOME, MAX_KEY_BITS,
     MP_MAX_CYCLES, MP_PE_BITS, MP_STRICT, MP_UNDO, P_BUSY, P_CLOCK, P_CODE0, P_CODELEN, P_FABRIC,
-    P_FAULT, P_INSTR, P_PC, P_SRAM0, P_SRAM_LEN, P_STATUS, S_DESC, S_DMA, S_DMAWAIT,
+    P_FAULT, P_INSTR, P_PC, P_PENDING, P_SRAM0, P_SRAM_LEN, P_STATUS, S_DESC, S_DMA, S_DMAWAIT,
     S_FLOAT, S_FSW, S_MATRIX, S_SW, S_TENSOR, X_FAULT, X_GROW, X_OK, X_STOP)
 from emulator.core_tensor import matrix_op, tensor_op
 from emulator.core_undo import undo_fits
@@ -70,18 +71,24 @@ def _borrowed(typingctx, arr):
 @njit(cache=True, inline="always")
 def step(p, code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, unknown, undo, undo_data,
          mp, classes, tree_of, tree, tree_tmp, queue, link, dl, msg, payload, scratch, trace,
-         counters, wake, nwake, hbm, hbm_ch, hbm_rate):
-    """Execute PE p's next instruction (or chunk); returns (X_* code, PEs to wake)."""
+         counters, wake, nwake, far):
+    """Execute PE p's next instruction (or chunk); returns (X_* code, PEs to wake). `far`
+    holds the HBM's arrays and the helper's ring, (hbm, hbm_ch, hbm_rate, jobs, jdsd, ctl):
+    one argument, as a call of more than 30 compiles to one with *args, which Numba cannot
+    inline."""
+    hbm, hbm_ch, hbm_rate, jobs, jdsd, ctl = far
     pc = pe[p, P_PC]
     if pc >= pe[p, P_CODELEN]:
         pe[p, P_FAULT] = F_PC_END
         return X_FAULT, nwake
     at = pe[p, P_CODE0] + pc
     sem = code[at, C_SEM]
+    if pe[p, P_PENDING] != 0 and touches_sram(sem):  # its product first (core_jobs)
+        settle(p, pe, jobs, jdsd, ctl, sram_f32, sram_u16, scratch)
     if sem >= S_TENSOR:
         if sem >= S_MATRIX:
             return matrix_op(p, at, code, pe, dsd, sram_f32, sram_u16, unknown, undo, undo_data,
-                             mp, classes, scratch, trace, counters), nwake
+                             mp, classes, scratch, trace, counters, jobs, jdsd, ctl), nwake
         return tensor_op(p, at, code, pe, freg, dsd, sram_f32, sram_u16, unknown, undo, undo_data,
                          mp, classes, tree_of, tree, tree_tmp, queue, link, dl, msg, payload,
                          scratch, trace, counters, wake, nwake)
@@ -191,10 +198,10 @@ def _finish(pe, counters):
     return R_DONE
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def run_slice(code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, unknown, undo, undo_data,
               mp, classes, tree_of, tree, tree_tmp, queue, link, dl, msg, payload, heap, wake,
-              scratch, trace, counters, hbm, hbm_ch, hbm_rate, budget):
+              scratch, trace, counters, hbm, hbm_ch, hbm_rate, jobs, jdsd, ctl, budget):
     """Run until the end (R_DONE, outcome in counters), `budget` steps (R_CONTINUE) or a
     request to grow (R_GROW)."""
     # borrowed here, in the function that runs the loop, so LLVM sees they have no owner
@@ -210,6 +217,8 @@ def run_slice(code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, unknown, 
     heap, wake, scratch, trace, counters = (_borrowed(heap), _borrowed(wake), _borrowed(scratch),
                                             _borrowed(trace), _borrowed(counters))
     hbm, hbm_ch, hbm_rate = _borrowed(hbm), _borrowed(hbm_ch), _borrowed(hbm_rate)
+    jobs, jdsd, ctl = _borrowed(jobs), _borrowed(jdsd), _borrowed(ctl)
+    far = (hbm, hbm_ch, hbm_rate, jobs, jdsd, ctl)
     max_cycles = mp[MP_MAX_CYCLES]
     strict = mp[MP_STRICT] != 0
     bits = mp[MP_PE_BITS]
@@ -250,8 +259,7 @@ def run_slice(code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, unknown, 
                     break
             x, nwake = step(p, code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, unknown,
                             undo, undo_data, mp, classes, tree_of, tree, tree_tmp, queue, link,
-                            dl, msg, payload, scratch, trace, counters, wake, nwake, hbm, hbm_ch,
-                            hbm_rate)
+                            dl, msg, payload, scratch, trace, counters, wake, nwake, far)
             first = False
             if x == X_OK or x == X_STOP:
                 budget -= 1

@@ -86,10 +86,12 @@ N_CODE_COLS = 10
 # Timing-only mode: P_FTAINT has bit r set while f register r holds an unknown value (one
 # computed from data); unknown SRAM words are marked in State.unknown (Loaded.unknown).
 # P_DMASTALL: cycles waited in dmawait; P_TAG0 + t: the cycle DMA tag t's transfers complete.
+# P_PENDING: 1 + the number of the PE's tile product still on the helper's ring, or 0
+# (core_jobs).
 (P_PC, P_CLOCK, P_STATUS, P_WAIT, P_DONE, P_INSTR, P_BUSY, P_RSTALL, P_BPSTALL, P_FAULT,
  P_CODE0, P_CODELEN, P_HULL_LO, P_HULL_HI, P_FABRIC, P_SRAM0, P_SRAM_LEN,
- P_FTAINT, P_DMASTALL) = range(19)
-P_TAG0 = 19
+ P_FTAINT, P_DMASTALL, P_PENDING) = range(20)
+P_TAG0 = 20
 N_PE_COLS = P_TAG0 + N_DMA_TAGS
 FABOUT_BIT = N_DREGS
 
@@ -129,15 +131,29 @@ MAX_KEY_BITS = 62
 # Run parameters (int64 vector).
 # MP_UNDO: log the original contents of written SRAM (for a replay in strict order).
 # MP_TIMING: timing-only mode (no data moves or is computed; cycles as in functional mode).
+# MP_ASYNC: tile products go to the helper thread's ring (core_jobs) instead of running at once.
 # MP_HBM_*: the program's HBM size (the DMA range limit), latency, channels and interleave.
 (MP_ISSUE, MP_HOP, MP_RAMP, MP_QDEPTH, MP_COLORS, MP_MAX_CYCLES, MP_STRICT, MP_TRACE_CAP,
- MP_UNDO, MP_PE_BITS, MP_TIMING, MP_HBM_BYTES, MP_HBM_LAT, MP_HBM_CH, MP_HBM_IL) = range(15)
-N_MP = 15
+ MP_UNDO, MP_PE_BITS, MP_TIMING, MP_HBM_BYTES, MP_HBM_LAT, MP_HBM_CH, MP_HBM_IL,
+ MP_ASYNC) = range(16)
+N_MP = 16
 
 # HBM channels (State.hbm_ch rows): first free time and time spent transferring, in ticks of
 # 1/HBM_TICKS cycle (exact sums of many short transfers; emulator/reference.py does the same).
 H_FREE, H_BUSY = range(2)
 HBM_TICKS = 1024
+
+# The helper's ring (core_jobs): per job its state, number, PE, semantic id, the PE's SRAM
+# offset, shape (rows and columns of W, columns of X, elements of Y), then copies of the
+# descriptors of y, w and x (J_DSD, 3 x 8); 40 columns, five cache lines.
+J_STATE, J_SEQ, J_P, J_SEM, J_BASE, J_MROWS, J_KCOLS, J_NCOLS, J_TOTAL = range(9)
+J_DSD = 9
+N_JOB_COLS = 40
+J_FREE, J_READY, J_CLAIMED, J_DONE = range(4)
+# The ring's control words, one cache line each (the loop writes the head, the helper polls it):
+# jobs published, stop, the helper has started, jobs the loop ran itself, jobs the helper ran.
+CT_HEAD, CT_STOP, CT_STARTED, CT_STOLEN, CT_HELPED = range(0, 40, 8)
+N_CT = 40
 
 # Counters and requests between the jitted loop and the driver (int64 vector).
 # The instruction count of cost class i is counters[K_CLASS0 + i].
@@ -377,6 +393,8 @@ class State:
         self.counters[K_MSG_HEAD] = -1
         self.counters[K_HEAP_N] = n
         self.counters[K_FAULT_PE] = -1
+        # the helper thread's ring (core_jobs); a one-slot stand-in while the driver runs none
+        self.jobs, self.jdsd, self.ctl = new_ring(1)
 
     # -- growth, on the loop's request ---------------------------------------------------------
 
@@ -418,7 +436,16 @@ class State:
                 self.sram_i32, self.unknown, self.undo, self.undo_data, self.mp, self.classes,
                 self.tree_of, self.tree, self.tree_tmp, self.queue, self.link, self.dl, self.msg,
                 self.payload, self.heap, self.wake, self.scratch, self.trace, self.counters,
-                self.hbm, self.hbm_ch, self.hbm_rate)
+                self.hbm, self.hbm_ch, self.hbm_rate, self.jobs, self.jdsd, self.ctl)
+
+
+def new_ring(slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(jobs, jdsd, ctl): a ring of `slots` free jobs for the helper thread (core_jobs), the
+    descriptor copies of its jobs as (slots, 3, 8) (a view into jobs), and its control words."""
+    jobs = np.zeros((max(1, slots), N_JOB_COLS), dtype=np.int64)
+    jdsd = jobs[:, J_DSD:J_DSD + 24].reshape(jobs.shape[0], 3, 8)
+    assert np.shares_memory(jobs, jdsd)
+    return jobs, jdsd, np.zeros(N_CT, dtype=np.int64)
 
 
 def pe_bits(n_pes: int) -> int:

@@ -11,10 +11,11 @@ from numba import njit
 from emulator.core_exec import (_fault, _read_mem, _write_mem, check_mem, check_operands,
                                 chunk_times, elements, finish_chunk, mark_unknown, mem_bytes,
                                 roles, room_for_trace, simd_variant)
+from emulator.core_jobs import product, publish
 from emulator.core_fabric import need, queue_arrival, queue_consume, queue_read, send, send_fits
 from emulator.core_state import (
     CL_KIND, C_A, C_B, C_C, C_CLASS, C_SEM, C_SUB, D_ADDR, D_COLOR, D_COUNT, D_CSTRIDE, D_DTYPE,
-    D_KIND, D_LEN, D_STRIDE, MP_COLORS, MP_ISSUE, MP_QDEPTH, MP_TIMING, MP_TRACE_CAP, MP_UNDO,
+    D_KIND, D_LEN, D_STRIDE, MP_ASYNC, MP_COLORS, MP_ISSUE, MP_QDEPTH, MP_TIMING, MP_TRACE_CAP, MP_UNDO,
     NEED_SCRATCH, P_DONE, P_FTAINT, P_SRAM0, P_SRAM_LEN, P_STATUS, P_WAIT, Q_QUEUED, S_BINARY,
     S_BINSCALAR, S_FILL, S_FMA, S_MMA, S_MV, S_MVA, S_RDOT, S_RMAX, S_RSUM, S_UNARY, T_START,
     X_GROW, X_OK, X_STOP)
@@ -164,8 +165,10 @@ def tensor_op(p, at, code, pe, freg, dsd, sram_f32, sram_u16, unknown, undo, und
 
 @njit(cache=True)
 def matrix_op(p, at, code, pe, dsd, sram_f32, sram_u16, unknown, undo, undo_data, mp, classes,
-              scratch, trace, counters):
-    """mv / mva / mm / mma: one chunk over SRAM tiles, fp32 accumulation; returns an X_* code."""
+              scratch, trace, counters, jobs, jdsd, ctl):
+    """mv / mva / mm / mma: one chunk over SRAM tiles, fp32 accumulation; returns an X_* code.
+    With a helper thread (MP_ASYNC) the product is checked, timed and logged here and computed
+    on the helper's ring (core_jobs)."""
     sem, cls = code[at, C_SEM], code[at, C_CLASS]
     y, w, x = code[at, C_A], code[at, C_B], code[at, C_C]
     for r in (y, w, x):
@@ -209,29 +212,24 @@ def matrix_op(p, at, code, pe, dsd, sram_f32, sram_u16, unknown, undo, undo_data
         return X_GROW
     start, end = chunk_times(p, m_rows * k_cols * n_cols, 0, width, False, -1, -1, pe,
                              mp[MP_ISSUE])
-    acc = scratch[2]
     base = pe[p, P_SRAM0]
+    if mp[MP_ASYNC] != 0:
+        if log:  # y's old contents, before the helper can write it
+            note_write(p, lo, hi, pe, sram_u16, undo, undo_data, counters, mp)
+        publish(p, dsd, y, w, x, sem, base, m_rows, k_cols, n_cols, total, pe, jobs, jdsd, ctl,
+                sram_f32, sram_u16, scratch)
+        finish_chunk(p, cls, total, total, start, end, pe, mp, trace, counters)
+        return X_OK
     # y's old contents go to the undo log just before y is written (nothing writes SRAM
     # before that: the product accumulates in scratch). Loading them is started now, so that
     # they arrive while the product runs instead of stalling the log's copy.
     w16 = (base + lo) >> 1
     for i in range(w16, min((base + hi + 1) >> 1, w16 + 32 * 16), 32):  # up to 16 lines
         prefetch(sram_u16, i)
-    if sem == S_MVA or sem == S_MMA:
-        _read_mem(dsd, p, y, 0, total, acc, sram_f32, sram_u16, base)
-    else:
-        acc[:total] = 0
-    if sem == S_MV or sem == S_MVA:
-        xv = scratch[0]
-        _read_mem(dsd, p, x, 0, k_cols, xv, sram_f32, sram_u16, base)
-        matrix.mv(sram_f32, sram_u16, base + dsd[p, w, D_ADDR], m_rows, k_cols,
-                  dsd[p, w, D_CSTRIDE], dsd[p, w, D_DTYPE], xv, acc)
-    else:
-        matrix.mm(sram_f32, sram_u16, base + dsd[p, w, D_ADDR], m_rows, k_cols,
-                  dsd[p, w, D_CSTRIDE], dsd[p, w, D_DTYPE], base + dsd[p, x, D_ADDR], n_cols,
-                  dsd[p, x, D_CSTRIDE], dsd[p, x, D_DTYPE], acc)
+    product(dsd, p, y, w, x, sem, base, m_rows, k_cols, n_cols, total, sram_f32, sram_u16,
+            scratch)
     if log:
         note_write(p, lo, hi, pe, sram_u16, undo, undo_data, counters, mp)
-    _write_mem(dsd, p, y, 0, total, acc, sram_f32, sram_u16, base)
+    _write_mem(dsd, p, y, 0, total, scratch[2], sram_f32, sram_u16, base)
     finish_chunk(p, cls, total, total, start, end, pe, mp, trace, counters)
     return X_OK

@@ -1,0 +1,206 @@
+"""Tile products on a helper thread, while the loop goes on with other PEs.
+
+A functional gemv spends about a third of its host time in the tile products (64 MB of tiles
+from DRAM for the 4096 x 4096 one), and a product changes nothing the scheduler needs: its
+checks, cycles, trace record and undo copy are all known when it is issued. So when the driver
+runs a helper (core.py), matrix_op checks and times the product as always, then *publishes* it
+as a job in a ring (`jobs`: the operands' descriptors are copied, so later descriptor ops do
+not matter) instead of computing it, marks the PE (pe[p, P_PENDING] = job number + 1) and the
+PE goes on. The helper thread (`worker`, compiled nogil) claims published jobs in order and
+runs them. Before the PE executes anything that reads or writes its SRAM (scalar loads and
+stores, DMA, tensor and matrix ops: `touches_sram`), `settle` makes sure its job is done: it
+claims the job itself if the helper has not started it, else waits for it. Only a PE's own
+instructions touch its SRAM, and a PE has at most one job outstanding, so every value read is
+the one the serial order gives: same bits, same cycles, whichever thread ran a product. The
+driver calls `drain` when the loop returns, so that outside the loop no job is outstanding
+(outputs, the undo log's replay and the next run see finished SRAM).
+
+Job states change by compare-and-swap (READY -> CLAIMED by either thread, CLAIMED -> DONE by
+the one that claimed it); a job's fields are written before it becomes READY and its SRAM
+before it becomes DONE, with sequentially consistent atomics (LLVM's, via llvmlite), so each
+thread sees the other's writes in order. A slot of the ring is reused only when its job is
+DONE (the loop settles an older one first). Without a helper (one CPU, strict order, timing-only
+or traced runs) MP_ASYNC is 0 and matrix_op computes at once, as before.
+"""
+
+from numba import njit, types
+from numba.extending import intrinsic
+
+from emulator.core_exec import _read_mem, _write_mem
+from emulator.core_state import (
+    CT_HEAD, CT_HELPED, CT_STARTED, CT_STOLEN, CT_STOP, D_ADDR, D_CSTRIDE, D_DTYPE, J_BASE,
+    J_CLAIMED, J_DONE, J_FREE, J_KCOLS, J_MROWS, J_NCOLS, J_P, J_READY, J_SEM, J_SEQ,
+    J_STATE, J_TOTAL, P_PENDING, S_DMA, S_DMAWAIT, S_FLW, S_FSW, S_LW, S_MMA, S_MV, S_MVA, S_SW, S_TENSOR)
+from kernels import matrix
+
+
+def _element_ptr(context, builder, sig, args):
+    ary = context.make_array(sig.args[0])(context, builder, args[0])
+    index = context.cast(builder, args[1], sig.args[1], types.intp)
+    return builder.gep(ary.data, [index])
+
+
+def _int64_array(arr, index):
+    return (isinstance(arr, types.Array) and arr.dtype == types.int64
+            and isinstance(index, types.Integer))
+
+
+@intrinsic
+def atomic_load(typingctx, arr, index):
+    """arr.ravel()[index] (C-contiguous int64 array), a sequentially consistent atomic load."""
+    if not _int64_array(arr, index):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.load_atomic(_element_ptr(context, builder, sig, args), "seq_cst", 8)
+    return types.int64(arr, index), codegen
+
+
+@intrinsic
+def atomic_store(typingctx, arr, index, value):
+    """arr.ravel()[index] = value, a sequentially consistent atomic store."""
+    if not _int64_array(arr, index) or not isinstance(value, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = context.cast(builder, args[2], sig.args[2], types.int64)
+        builder.store_atomic(v, _element_ptr(context, builder, sig, args), "seq_cst", 8)
+        return context.get_dummy_value()
+    return types.void(arr, index, value), codegen
+
+
+@intrinsic
+def atomic_cas(typingctx, arr, index, expected, new):
+    """If arr.ravel()[index] == expected, set it to new; whether it did (one atomic step)."""
+    if not _int64_array(arr, index) or not isinstance(expected, types.Integer) \
+            or not isinstance(new, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        e = context.cast(builder, args[2], sig.args[2], types.int64)
+        n = context.cast(builder, args[3], sig.args[3], types.int64)
+        pair = builder.cmpxchg(_element_ptr(context, builder, sig, args), e, n, "seq_cst",
+                               "seq_cst")
+        return builder.extract_value(pair, 1)
+    return types.boolean(arr, index, expected, new), codegen
+
+
+@njit(cache=True, inline="always")
+def touches_sram(sem):
+    """Whether an instruction of semantic id `sem` may read or write its PE's SRAM."""
+    return (sem >= S_TENSOR or sem == S_LW or sem == S_SW or sem == S_FLW or sem == S_FSW
+            or (S_DMA <= sem < S_DMAWAIT))
+
+
+@njit(cache=True, inline="always")
+def product(dsd, row, y, w, x, sem, base, m_rows, k_cols, n_cols, total, sram_f32, sram_u16,
+            scratch):
+    """(y +) W x or W X of descriptors dsd[row, y/w/x], fp32 accumulation, into scratch[2]
+    (the caller writes it to y)."""
+    acc = scratch[2]
+    if sem == S_MVA or sem == S_MMA:
+        _read_mem(dsd, row, y, 0, total, acc, sram_f32, sram_u16, base)
+    else:
+        acc[:total] = 0
+    if sem == S_MV or sem == S_MVA:
+        xv = scratch[0]
+        _read_mem(dsd, row, x, 0, k_cols, xv, sram_f32, sram_u16, base)
+        matrix.mv(sram_f32, sram_u16, base + dsd[row, w, D_ADDR], m_rows, k_cols,
+                  dsd[row, w, D_CSTRIDE], dsd[row, w, D_DTYPE], xv, acc)
+    else:
+        matrix.mm(sram_f32, sram_u16, base + dsd[row, w, D_ADDR], m_rows, k_cols,
+                  dsd[row, w, D_CSTRIDE], dsd[row, w, D_DTYPE], base + dsd[row, x, D_ADDR],
+                  n_cols, dsd[row, x, D_CSTRIDE], dsd[row, x, D_DTYPE], acc)
+
+
+@njit(cache=True, inline="always")
+def _run_job(slot, jobs, jdsd, sram_f32, sram_u16, scratch):
+    product(jdsd, slot, 0, 1, 2, jobs[slot, J_SEM], jobs[slot, J_BASE], jobs[slot, J_MROWS],
+            jobs[slot, J_KCOLS], jobs[slot, J_NCOLS], jobs[slot, J_TOTAL], sram_f32, sram_u16,
+            scratch)
+    _write_mem(jdsd, slot, 0, 0, jobs[slot, J_TOTAL], scratch[2], sram_f32, sram_u16,
+               jobs[slot, J_BASE])
+
+
+@njit(cache=True, inline="always")
+def _finish_slot(slot, jobs, jdsd, ctl, sram_f32, sram_u16, scratch):
+    """Make the job in `slot` done: run it here if nobody has claimed it, else wait for it."""
+    flat = slot * jobs.shape[1] + J_STATE
+    if atomic_cas(jobs, flat, J_READY, J_CLAIMED):
+        _run_job(slot, jobs, jdsd, sram_f32, sram_u16, scratch)
+        atomic_store(jobs, flat, J_DONE)
+        ctl[CT_STOLEN] += 1
+        return
+    while atomic_load(jobs, flat) == J_CLAIMED:
+        pass
+
+
+@njit(cache=True, inline="always")
+def settle(p, pe, jobs, jdsd, ctl, sram_f32, sram_u16, scratch):
+    """PE p's outstanding product is done when this returns (pe[p, P_PENDING] was set)."""
+    seq = pe[p, P_PENDING] - 1
+    pe[p, P_PENDING] = 0
+    slot = seq % jobs.shape[0]
+    if jobs[slot, J_SEQ] == seq:  # else the slot was reused, which it is only once done
+        _finish_slot(slot, jobs, jdsd, ctl, sram_f32, sram_u16, scratch)
+
+
+@njit(cache=True, inline="always")
+def publish(p, dsd, y, w, x, sem, base, m_rows, k_cols, n_cols, total, pe, jobs, jdsd, ctl,
+            sram_f32, sram_u16, scratch):
+    """Hand PE p's checked, timed and logged product to the helper; the PE goes on."""
+    seq = ctl[CT_HEAD]
+    slot = seq % jobs.shape[0]
+    if atomic_load(jobs, slot * jobs.shape[1] + J_STATE) != J_FREE:
+        _finish_slot(slot, jobs, jdsd, ctl, sram_f32, sram_u16, scratch)
+    jobs[slot, J_SEQ] = seq
+    jobs[slot, J_P] = p
+    jobs[slot, J_SEM] = sem
+    jobs[slot, J_BASE] = base
+    jobs[slot, J_MROWS] = m_rows
+    jobs[slot, J_KCOLS] = k_cols
+    jobs[slot, J_NCOLS] = n_cols
+    jobs[slot, J_TOTAL] = total
+    jdsd[slot, 0, :] = dsd[p, y, :]
+    jdsd[slot, 1, :] = dsd[p, w, :]
+    jdsd[slot, 2, :] = dsd[p, x, :]
+    atomic_store(jobs, slot * jobs.shape[1] + J_STATE, J_READY)
+    atomic_store(ctl, CT_HEAD, seq + 1)
+    pe[p, P_PENDING] = seq + 1
+
+
+@njit(cache=True, nogil=True)
+def drain(pe, jobs, jdsd, ctl, sram_f32, sram_u16, scratch):
+    """Finish every outstanding job (the loop has returned: nothing is published meanwhile)."""
+    for slot in range(jobs.shape[0]):
+        if jobs[slot, J_STATE] != J_FREE:
+            _finish_slot(slot, jobs, jdsd, ctl, sram_f32, sram_u16, scratch)
+            pe[jobs[slot, J_P], P_PENDING] = 0
+            atomic_store(jobs, slot * jobs.shape[1] + J_STATE, J_FREE)
+
+
+@njit(cache=True, nogil=True)
+def worker(jobs, jdsd, ctl, sram_f32, sram_u16, scratch):
+    """The helper thread: run published jobs in order until ctl[CT_STOP] is set. Jobs larger
+    than its scratch (the loop's has grown since) are left to the loop."""
+    atomic_store(ctl, CT_STARTED, 1)
+    ring = jobs.shape[0]
+    cursor = 0
+    while True:
+        head = atomic_load(ctl, CT_HEAD)
+        if cursor >= head:
+            if atomic_load(ctl, CT_STOP) != 0:
+                return
+            continue
+        cursor = max(cursor, head - ring)
+        slot = cursor % ring
+        cursor += 1
+        flat = slot * jobs.shape[1] + J_STATE
+        if atomic_cas(jobs, flat, J_READY, J_CLAIMED):
+            if max(jobs[slot, J_TOTAL], jobs[slot, J_KCOLS]) > scratch.shape[1]:
+                atomic_store(jobs, flat, J_READY)
+                continue
+            _run_job(slot, jobs, jdsd, sram_f32, sram_u16, scratch)
+            atomic_store(jobs, flat, J_DONE)
+            ctl[CT_HELPED] += 1
+

@@ -1,0 +1,156 @@
+"""Tile products on the helper thread's ring (emulator/core_jobs.py): the same bits and cycles
+as computing them at once, whichever thread runs a product and however full the ring is."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from emulator import core
+from emulator.core_state import (CT_HEAD, CT_HELPED, CT_STOLEN, J_FREE, J_STATE, MP_ASYNC,
+                                 P_PENDING, State, new_ring)
+from emulator.load import load, read_output, write_input
+from emulator.machine import load_machine
+from emulator.reference import run as reference_run
+from emulator.result import RUN_HALTED
+from isa.builder import ProgramBuilder
+from programs.conftest import build, same_run
+
+
+class Run:  # what same_run compares
+    def __init__(self, loaded, result):
+        self.loaded, self.result = loaded, result
+
+
+def readers_program():
+    """One PE: a product into y, then at once an instruction of each kind that reads y (flw,
+    lw, vmov, rsum, mva, mm), each after a fresh product, the values kept in `out`."""
+    pb = ProgramBuilder("readers")
+    pb.output("out", "f32", [16])
+    pb.output("y", "f32", [4])
+    rb = pb.region("pe", 0, 0, 1, 1)
+    w = rb.alloc("w", 4 * 16)
+    x = rb.alloc("x", 4 * 4)
+    y = rb.alloc("y", 4 * 4)
+    out = rb.alloc("out", 4 * 16)
+    rb.piece("out", out, "f32", (16, 1))
+    rb.piece("y", y, "f32", (4, 1))
+    rb.init(w, "f32", [0.5 * i - 3 for i in range(16)])
+    rb.init(x, "f32", [1.0, -2.0, 0.25, 4.0])
+    rb.dmem(0, "f32", w, 4)
+    rb.d2d(0, 4, 4)               # W: 4 x 4, column-major
+    rb.dmem(1, "f32", x, 4)
+    rb.dmem(2, "f32", y, 4)
+    rb.dmem(3, "f32", out + 16, 4)
+    rb.dmem(4, "f32", out + 32, 4)
+    rb.dmem(5, "f32", y, 4)       # y as a 4 x 1 matrix for mm
+    rb.d2d(5, 1, 4)
+    rb.dmem(6, "f32", x, 4)       # x as a 4 x 1 matrix
+    rb.d2d(6, 1, 4)
+    rb.li("r1", y)
+    rb.li("r2", out)
+    rb.mv(2, 0, 1)
+    rb.flw("f1", "r1", 4)         # y[1] as soon as the product is issued
+    rb.fsw("f1", "r2", 0)
+    rb.fli("f2", 0.5)
+    rb.vmuls(1, 1, "f2")          # x changes: every next product differs
+    rb.mv(2, 0, 1)
+    rb.lw("r3", "r1", 8)          # the bits of y[2]
+    rb.sw("r3", "r2", 4)
+    rb.vmuls(1, 1, "f2")
+    rb.mv(2, 0, 1)
+    rb.vmov(3, 2)                 # y -> out[4:8]
+    rb.vmuls(1, 1, "f2")
+    rb.mv(2, 0, 1)
+    rb.rsum("f3", 2)
+    rb.fsw("f3", "r2", 8)
+    rb.mv(2, 0, 1)
+    rb.mva(2, 0, 1)               # y += W x on the pending y
+    rb.vmov(4, 2)                 # -> out[8:12]
+    rb.mv(2, 0, 1)
+    rb.mm(5, 0, 6)                # y = W x again, as mm, after a pending mv into y
+    rb.mva(2, 0, 1)
+    rb.halt()
+    return pb.build()
+
+
+def ring_state(program, slots):
+    """A State whose products go to a ring of `slots` that no helper serves: each runs only
+    when its PE settles it (or the slot is needed, or at the end), the latest it may."""
+    ld = load(program, load_machine("tiny"))
+    state = State(ld, None, False, False, 0)
+    state.jobs, state.jdsd, state.ctl = new_ring(slots)
+    state.mp[MP_ASYNC] = 1
+    return ld, state
+
+
+@pytest.mark.parametrize("slots", [1, 3])
+def test_a_pe_reads_its_product_only_once_it_is_done(slots):
+    program = readers_program()
+    ld, state = ring_state(program, slots)
+    core._loop(state, None)
+    got = Run(ld, core._result(state, None))
+    want_ld = load(program, load_machine("tiny"))
+    want = Run(want_ld, reference_run(want_ld))
+    same_run(got, want)
+    assert got.result.outcome == RUN_HALTED
+    assert state.ctl[CT_HEAD] == 9 and state.ctl[CT_STOLEN] == 9  # every product on the ring
+    assert state.ctl[CT_HELPED] == 0
+    # nothing outstanding once the loop has returned
+    assert (state.jobs[:, J_STATE] == J_FREE).all() and (state.pe[:, P_PENDING] == 0).all()
+    # what each reader saw, from NumPy: x halves before each of the first four products
+    w = (0.5 * np.arange(16, dtype=np.float32) - 3).reshape(4, 4).T  # column-major tile
+    x = np.array([1.0, -2.0, 0.25, 4.0], np.float32)
+    out = read_output(ld, "out")
+    assert out[0] == (w @ x)[1]
+    assert out[1:2].view(np.int32) == (w @ (x / 2))[2:3].view(np.int32)
+    np.testing.assert_allclose(out[4:8], w @ (x / 4), rtol=1e-6)
+    assert out[2] == pytest.approx((w @ (x / 8)).sum(), rel=1e-6)
+    np.testing.assert_allclose(out[8:12], 2 * (w @ (x / 8)), rtol=1e-6)
+    np.testing.assert_allclose(read_output(ld, "y"), 2 * (w @ (x / 8)), rtol=1e-6)
+
+
+def gemv_loaded(m=256, k=256, p=4, q=4, seed=1234):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((m, k), dtype=np.float32)
+    x = rng.standard_normal(k, dtype=np.float32)
+    ld = load(build("gemv", {"W": w}, M=m, K=k, P=p, Q=q), load_machine("wse3"))
+    write_input(ld, "x", x)
+    return ld, w, x
+
+
+@pytest.mark.parametrize("slots", [1, 2, 1024])
+def test_gemv_with_the_helper_equals_the_serial_run_and_numpy(monkeypatch, slots):
+    monkeypatch.setattr(core, "RING_SLOTS", slots)
+    ld, w, x = gemv_loaded()
+    serial_ld, _, _ = gemv_loaded()
+    helped = Run(ld, core.run(ld, helper=True))
+    serial = Run(serial_ld, core.run(serial_ld, helper=False))
+    same_run(helped, serial)
+    np.testing.assert_allclose(read_output(ld, "y"), w @ x, rtol=1e-4, atol=1e-4)
+
+
+def test_the_helper_runs_products_and_leaves_none_outstanding():
+    ld, w, x = gemv_loaded(512, 512, 8, 8)
+    state = State(ld, None, False, False, 0)
+    core._drive(state, None, True)
+    ctl = state.ctl
+    assert ctl[CT_HEAD] == 64 and ctl[CT_HELPED] + ctl[CT_STOLEN] == 64
+    assert state.mp[MP_ASYNC] == 0 and (state.pe[:, P_PENDING] == 0).all()
+    np.testing.assert_allclose(read_output(ld, "y"), w @ x, rtol=1e-4, atol=1e-4)
+
+
+def test_the_helper_is_chosen_only_where_it_can_pay(monkeypatch):
+    ld, _, _ = gemv_loaded()
+    state = State(ld, None, False, False, 0)
+    monkeypatch.setattr(core.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert core._helper_pays(state)
+    monkeypatch.setattr(core.os, "sched_getaffinity", lambda pid: {0})
+    assert not core._helper_pays(state)
+    monkeypatch.setattr(core.os, "sched_getaffinity", lambda pid: {0, 1})
+    no_matrix = ProgramBuilder("plain")
+    rb = no_matrix.region("pe", 0, 0, 1, 1)
+    rb.li("r1", 1)
+    rb.halt()
+    plain = load(no_matrix.build(), load_machine("tiny"))
+    assert not core._helper_pays(State(plain, None, False, False, 0))
