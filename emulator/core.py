@@ -96,7 +96,8 @@ def run(loaded: Loaded, max_cycles: int | None = None, trace: bool = False,
     state = State(loaded, max_cycles, trace, trace, trace_cap)
     if helper is None:
         helper = _helper_pays(state)
-    _drive(state, progress, helper and not trace and not loaded.timing_only)
+    helper = bool(helper) and not trace and not loaded.timing_only
+    _drive(state, progress, helper)
     if int(state.counters[K_OUTCOME]) == RUN_FAULT and not trace:
         restore_sram(state.sram_u16, state.undo, state.undo_data, state.counters)
         unknown.restore(loaded.unknown)
@@ -106,6 +107,7 @@ def run(loaded: Loaded, max_cycles: int | None = None, trace: bool = False,
         _drive(state, progress)
     result = _result(state, max_cycles)
     result.host_seconds = time.perf_counter() - t
+    result.host_threads = 2 if helper else 1
     return result
 
 

@@ -99,6 +99,7 @@ def summary(loaded: Loaded, result: RunResult) -> dict:
         "pes": int(loaded.n_pes),
         "pes_active": active,
         "host_seconds": round(result.host_seconds, 6),
+        "host_threads": result.host_threads,
         "classes": {name: int(c) for name, c in zip(COST_CLASSES, result.class_counts)},
         "pe_cycles": {
             "busy": busy_total,
@@ -166,7 +167,8 @@ def text(d: dict) -> str:
         lines.append(f"HBM: {h['read_bytes'] / 1e6:,.3f} MB read, {h['write_bytes'] / 1e6:,.3f} MB "
                      f"written, {h['peak_fraction'] * 100:.1f}% of peak bandwidth over the run; "
                      f"PE cycles waiting for DMA {h['dma_stall_cycles']:,}")
-    lines.append(f"host      {d['host_seconds']:.3f} s")
+    threads = " (tile products on a second thread)" if d["host_threads"] > 1 else ""
+    lines.append(f"host      {d['host_seconds']:.3f} s{threads}")
     return "\n".join(lines)
 
 

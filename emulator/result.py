@@ -69,6 +69,7 @@ class RunResult:
     fault_pe: int = -1
     fault_reason: int = F_NONE
     host_seconds: float = 0.0
+    host_threads: int = 1  # 2 when tile products ran on the core's helper thread
     trace: list = field(default_factory=list)  # (pe, pc, start, end) tuples when tracing
     # off-chip memory (docs/timing-model.md, HBM and DMA): bytes moved by dmald / dmast, per PE
     # cycles spent waiting in dmawait, per HBM channel cycles it was transferring (rounded up)

@@ -3,6 +3,7 @@ resident W, run it with x from a .npy, read y and the JSON report; disassemble a
 run again and get the same report."""
 
 import json
+import os
 import shutil
 
 import numpy as np
@@ -62,6 +63,8 @@ def test_run_json_reports_cycles_time_and_work(bar_run):
     assert d["seconds"] == pytest.approx(cycles / WSE3_CLOCK_HZ, rel=1e-12)
     assert d["pes"] == d["pes_active"] == P * Q
     assert isinstance(d["host_seconds"], float) and d["host_seconds"] > 0
+    # the mv tiles ran on the core's helper thread wherever there is a second CPU for it
+    assert d["host_threads"] == (2 if len(os.sched_getaffinity(0)) >= 2 else 1)
 
     classes = d["classes"]
     assert list(classes) == list(COST_CLASSES)
@@ -115,6 +118,7 @@ def test_disasm_then_plain_asm_is_byte_identical(gemv_bar, wse, tmp_path):
 def _without_host_time(stdout: str) -> dict:
     d = json.loads(stdout)
     assert d.pop("host_seconds") > 0
+    assert d.pop("host_threads") in (1, 2)  # the reference: 1; the core: 2 given two CPUs
     return d
 
 
