@@ -49,6 +49,10 @@ FIRST_BUDGET = 1 << 20  # steps before the first return to the driver when repor
 MIN_BUDGET = 1 << 12
 FULL_BUDGET = 1 << 62
 RING_SLOTS = 1024  # tile products the helper thread may have outstanding (core_jobs)
+# The least SRAM (all PEs) for which the helper is chosen by default: a pass over 4 MB of tiles
+# takes ~0.2 ms, about what starting the thread costs; and a process's first helper loads
+# ~70 ms of cached machine code, which a small run such as a warm `wse-emu run` would wait for.
+HELPER_MIN_SRAM = 1 << 22
 
 
 def _drop_stale_cache() -> None:
@@ -113,8 +117,10 @@ def run(loaded: Loaded, max_cycles: int | None = None, trace: bool = False,
 
 def _helper_pays(state: State) -> bool:
     """Whether a helper thread for tile products would pay: a functional run with matrix
-    ops, and a second CPU for this process."""
-    if state.loaded.timing_only or not (state.code[:, C_SEM] >= S_MATRIX).any():
+    ops on at least HELPER_MIN_SRAM of SRAM, and a second CPU for this process."""
+    loaded = state.loaded
+    if loaded.timing_only or int(loaded.sram_len.sum()) < HELPER_MIN_SRAM \
+            or not (state.code[:, C_SEM] >= S_MATRIX).any():
         return False
     try:
         cpus = len(os.sched_getaffinity(0))

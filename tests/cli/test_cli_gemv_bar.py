@@ -3,7 +3,6 @@ resident W, run it with x from a .npy, read y and the JSON report; disassemble a
 run again and get the same report."""
 
 import json
-import os
 import shutil
 
 import numpy as np
@@ -63,8 +62,7 @@ def test_run_json_reports_cycles_time_and_work(bar_run):
     assert d["seconds"] == pytest.approx(cycles / WSE3_CLOCK_HZ, rel=1e-12)
     assert d["pes"] == d["pes_active"] == P * Q
     assert isinstance(d["host_seconds"], float) and d["host_seconds"] > 0
-    # the mv tiles ran on the core's helper thread wherever there is a second CPU for it
-    assert d["host_threads"] == (2 if len(os.sched_getaffinity(0)) >= 2 else 1)
+    assert d["host_threads"] == 1  # 1 MB of tiles: too little for the helper thread to pay
 
     classes = d["classes"]
     assert list(classes) == list(COST_CLASSES)

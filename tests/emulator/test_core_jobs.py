@@ -127,6 +127,7 @@ def test_gemv_with_the_helper_equals_the_serial_run_and_numpy(monkeypatch, slots
     helped = Run(ld, core.run(ld, helper=True))
     serial = Run(serial_ld, core.run(serial_ld, helper=False))
     same_run(helped, serial)
+    assert (helped.result.host_threads, serial.result.host_threads) == (2, 1)
     np.testing.assert_allclose(read_output(ld, "y"), w @ x, rtol=1e-4, atol=1e-4)
 
 
@@ -141,13 +142,16 @@ def test_the_helper_runs_products_and_leaves_none_outstanding():
 
 
 def test_the_helper_is_chosen_only_where_it_can_pay(monkeypatch):
-    ld, _, _ = gemv_loaded()
+    ld, _, _ = gemv_loaded()  # 256 KB of tiles
     state = State(ld, None, False, False, 0)
     monkeypatch.setattr(core.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert not core._helper_pays(state)
+    monkeypatch.setattr(core, "HELPER_MIN_SRAM", ld.sram_len.sum())
     assert core._helper_pays(state)
     monkeypatch.setattr(core.os, "sched_getaffinity", lambda pid: {0})
     assert not core._helper_pays(state)
     monkeypatch.setattr(core.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(core, "HELPER_MIN_SRAM", 0)
     no_matrix = ProgramBuilder("plain")
     rb = no_matrix.region("pe", 0, 0, 1, 1)
     rb.li("r1", 1)
