@@ -33,10 +33,10 @@ import numpy as np
 from emulator.core_jobs import drain, worker
 from emulator.core_sched import R_CLOCK_LIMIT, R_CONTINUE, R_DONE, R_GROW, run_slice
 from emulator.core_state import (
-    H_BUSY, HBM_TICKS, K_FAULT_PE, K_FAULT_REASON, K_HBM_READ, K_HBM_WRITE, K_HEAP_N, K_HOPS,
-    C_SEM, CT_STOP, K_INSTR_TOTAL, K_MESSAGES, K_OUTCOME, K_TRACE_N, K_WAVELETS, L_WAVELETS, MP_PE_BITS,
-    MP_ASYNC, P_BPSTALL, P_BUSY, P_CLOCK, P_DMASTALL, P_INSTR, P_PC, P_RSTALL, P_STATUS, P_TAG0, P_WAIT,
-    S_MATRIX, State, max_clock, new_ring)
+    C_SEM, CT_STOP, H_BUSY, HBM_TICKS, K_FAULT_PE, K_FAULT_REASON, K_HBM_READ, K_HBM_WRITE,
+    K_HEAP_N, K_HOPS, K_INSTR_TOTAL, K_MESSAGES, K_OUTCOME, K_TRACE_N, K_WAVELETS, L_WAVELETS,
+    MP_ASYNC, MP_PE_BITS, P_BPSTALL, P_BUSY, P_CLOCK, P_DMASTALL, P_INSTR, P_PC, P_RSTALL,
+    P_STATUS, P_TAG0, P_WAIT, S_MATRIX, State, max_clock, new_ring)
 from emulator.core_undo import restore_sram
 from emulator.load import Loaded, PageSnapshot
 from emulator.result import RUN_FAULT, RUN_MAX_CYCLES, RunResult
@@ -84,8 +84,9 @@ def run(loaded: Loaded, max_cycles: int | None = None, trace: bool = False,
     """Run `loaded` to its end (mutates loaded.sram; read outputs with load.read_output).
 
     `helper`: compute tile products on a second thread (core_jobs) while the loop goes on;
-    None chooses it for functional runs with matrix ops on a host with two CPUs or more. It
-    changes no result, only host time; traced runs and fault replays never use it."""
+    None chooses it for functional runs with matrix ops and HELPER_MIN_SRAM of SRAM or more,
+    on a host with two CPUs or more. It changes no result, only host time; traced runs,
+    timing-only runs and fault replays never use it."""
     t = time.perf_counter()
     has = loaded.sram_base >= 0
     if (loaded.sram_base[has] + loaded.sram_len[has] > loaded.sram.size).any():
@@ -139,7 +140,11 @@ def _drive(state: State, progress, helper: bool = False) -> None:
     args = (state.jobs, state.jdsd, state.ctl, state.sram_f32, state.sram_u16,
             np.zeros_like(state.scratch))
     thread = threading.Thread(target=worker, args=args, name="wse-emu-products", daemon=True)
-    thread.start()
+    try:
+        thread.start()
+    except RuntimeError:  # no thread to be had: the loop runs every product itself
+        state.mp[MP_ASYNC] = 0
+        return _loop(state, progress)
     try:
         _loop(state, progress)
     finally:

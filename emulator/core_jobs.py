@@ -30,7 +30,8 @@ from emulator.core_exec import _read_mem, _write_mem
 from emulator.core_state import (
     CT_HEAD, CT_HELPED, CT_STARTED, CT_STOLEN, CT_STOP, D_ADDR, D_CSTRIDE, D_DTYPE, J_BASE,
     J_CLAIMED, J_DONE, J_FREE, J_KCOLS, J_MROWS, J_NCOLS, J_P, J_READY, J_SEM, J_SEQ,
-    J_STATE, J_TOTAL, P_PENDING, S_DMA, S_DMAWAIT, S_FLW, S_FSW, S_LW, S_MMA, S_MV, S_MVA, S_SW, S_TENSOR)
+    J_STATE, J_TOTAL, P_PENDING, S_DMA, S_DMAWAIT, S_FLW, S_FSW, S_LW, S_MMA, S_MV, S_MVA, S_SW,
+    S_TENSOR)
 from kernels import matrix
 
 

@@ -37,13 +37,13 @@ from numba.extending import intrinsic
 
 from emulator.core_exec import (exec_desc, exec_dma, exec_dmawait, exec_float, exec_int, is_dma,
                                 is_fabric)
-from emulator.core_jobs import settle, touches_sram
 from emulator.core_fabric import heap_pop_top, heap_push, heap_replace_top, still_first
+from emulator.core_jobs import settle, touches_sram
 from emulator.core_state import (
     C_A, C_B, C_C, C_CLASS, C_COST, C_IH, C_IL, C_IMM, C_SEM, D_ADDR, D_KIND, K_CLASS0,
     K_FAULT_PE, K_FAULT_REASON, K_HEAP_N, K_INSTR_TOTAL, K_OUTCOME, MAX_KEY_BITS,
     MP_MAX_CYCLES, MP_PE_BITS, MP_STRICT, MP_UNDO, P_BUSY, P_CLOCK, P_CODE0, P_CODELEN, P_FABRIC,
-    P_FAULT, P_INSTR, P_PC, P_PENDING, P_SRAM0, P_SRAM_LEN, P_STATUS, S_DESC, S_DMA, S_DMAWAIT,
+    P_FAULT, P_INSTR, P_PC, P_PENDING, P_SRAM0, P_SRAM_LEN, P_STATUS, S_DESC, S_DMAWAIT,
     S_FLOAT, S_FSW, S_MATRIX, S_SW, S_TENSOR, X_FAULT, X_GROW, X_OK, X_STOP)
 from emulator.core_tensor import matrix_op, tensor_op
 from emulator.core_undo import undo_fits
