@@ -28,7 +28,7 @@ from numba.extending import intrinsic
 
 from emulator.core_exec import _read_mem, _write_mem
 from emulator.core_state import (
-    CT_HEAD, CT_HELPED, CT_STARTED, CT_STOLEN, CT_STOP, D_ADDR, D_CSTRIDE, D_DTYPE, J_BASE,
+    CT_HEAD, CT_HELPED, CT_STOLEN, CT_STOP, D_ADDR, D_CSTRIDE, D_DTYPE, J_BASE,
     J_CLAIMED, J_DONE, J_FREE, J_KCOLS, J_MROWS, J_NCOLS, J_P, J_READY, J_SEM, J_SEQ,
     J_STATE, J_TOTAL, P_PENDING, S_DMA, S_DMAWAIT, S_FLW, S_FSW, S_LW, S_MMA, S_MV, S_MVA, S_SW,
     S_TENSOR)
@@ -184,7 +184,6 @@ def drain(pe, jobs, jdsd, ctl, sram_f32, sram_u16, scratch):
 def worker(jobs, jdsd, ctl, sram_f32, sram_u16, scratch):
     """The helper thread: run published jobs in order until ctl[CT_STOP] is set. Jobs larger
     than its scratch (the loop's has grown since) are left to the loop."""
-    atomic_store(ctl, CT_STARTED, 1)
     ring = jobs.shape[0]
     cursor = 0
     while True:
