@@ -9,7 +9,9 @@ not matter) instead of computing it, marks the PE (pe[p, P_PENDING] = job number
 PE goes on. The helper thread (`worker`, compiled nogil) claims published jobs in order and
 runs them. Before the PE executes anything that reads or writes its SRAM (scalar loads and
 stores, DMA, tensor and matrix ops: `touches_sram`), `settle` makes sure its job is done: it
-claims the job itself if the helper has not started it, else waits for it. Only a PE's own
+claims the job itself if the helper has not started it; if the helper is running it, the loop
+runs the next jobs nobody has started until it is done (in the gemv the loop used to spin there
+for millions of turns while the helper, bound by DRAM, fell behind). Only a PE's own
 instructions touch its SRAM, and a PE has at most one job outstanding, so every value read is
 the one the serial order gives: same bits, same cycles, whichever thread ran a product. The
 driver calls `drain` when the loop returns, so that outside the loop no job is outstanding
@@ -124,16 +126,36 @@ def _run_job(slot, jobs, jdsd, sram_f32, sram_u16, scratch):
 
 
 @njit(cache=True, inline="always")
-def _finish_slot(slot, jobs, jdsd, ctl, sram_f32, sram_u16, scratch):
-    """Make the job in `slot` done: run it here if nobody has claimed it, else wait for it."""
+def _take(slot, jobs, jdsd, ctl, sram_f32, sram_u16, scratch):
+    """Run the job in `slot` on the loop's thread if nobody has claimed it; whether it did."""
     flat = slot * jobs.shape[1] + J_STATE
-    if atomic_cas(jobs, flat, J_READY, J_CLAIMED):
-        _run_job(slot, jobs, jdsd, sram_f32, sram_u16, scratch)
-        atomic_store(jobs, flat, J_DONE)
-        ctl[CT_STOLEN] += 1
+    if not atomic_cas(jobs, flat, J_READY, J_CLAIMED):
+        return False
+    _run_job(slot, jobs, jdsd, sram_f32, sram_u16, scratch)
+    atomic_store(jobs, flat, J_DONE)
+    ctl[CT_STOLEN] += 1
+    return True
+
+
+@njit(cache=True, inline="always")
+def _finish_slot(slot, jobs, jdsd, ctl, sram_f32, sram_u16, scratch):
+    """Make the job in `slot` done: run it here if nobody has claimed it; if the helper is
+    running it, run the next jobs nobody has started meanwhile instead of spinning (the PEs
+    that published them settle them soon after, in about the order they were published)."""
+    if _take(slot, jobs, jdsd, ctl, sram_f32, sram_u16, scratch):
         return
+    flat = slot * jobs.shape[1] + J_STATE
+    ring = jobs.shape[0]
+    head = ctl[CT_HEAD]  # only the loop's thread publishes: no job appears meanwhile
+    q = jobs[slot, J_SEQ] + 1
     while atomic_load(jobs, flat) == J_CLAIMED:
-        pass
+        while q < head:
+            other = q % ring
+            q += 1
+            # a job of sequence q - 1 in its slot (not an older one the ring has passed)
+            if jobs[other, J_SEQ] == q - 1 and _take(other, jobs, jdsd, ctl, sram_f32,
+                                                     sram_u16, scratch):
+                break
 
 
 @njit(cache=True, inline="always")

@@ -3,12 +3,17 @@ as computing them at once, whichever thread runs a product and however full the 
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
+from numba import njit
 
 from emulator import core
-from emulator.core_state import (CT_HEAD, CT_HELPED, CT_STOLEN, J_FREE, J_STATE, MP_ASYNC,
-                                 P_PENDING, State, new_ring)
+from emulator.core_jobs import _run_job, atomic_load, atomic_store
+from emulator.core_sched import R_DONE, R_GROW, run_slice
+from emulator.core_state import (CT_HEAD, CT_HELPED, CT_STOLEN, J_CLAIMED, J_DONE, J_FREE,
+                                 J_READY, J_STATE, MP_ASYNC, P_PENDING, State, new_ring)
 from emulator.load import load, read_output, write_input
 from emulator.machine import load_machine
 from emulator.reference import run as reference_run
@@ -138,6 +143,62 @@ def test_the_helper_runs_products_and_leaves_none_outstanding():
     ctl = state.ctl
     assert ctl[CT_HEAD] == 64 and ctl[CT_HELPED] + ctl[CT_STOLEN] == 64
     assert state.mp[MP_ASYNC] == 0 and (state.pe[:, P_PENDING] == 0).all()
+    np.testing.assert_allclose(read_output(ld, "y"), w @ x, rtol=1e-4, atol=1e-4)
+
+
+@njit(nogil=True)
+def _slow_helper(jobs, jdsd, ctl, sram_f32, sram_u16, scratch, jobs_total, give_up):
+    """A helper that has claimed the first product and runs it only once every other product
+    of the run is done (or give_up[0] is set): 0 if it did so, 1 if it gave up."""
+    cols = jobs.shape[1]
+    while atomic_load(give_up, 0) == 0:
+        if atomic_load(ctl, CT_HEAD) < jobs_total:
+            continue
+        rest = 0
+        for slot in range(1, jobs_total):
+            if atomic_load(jobs, slot * cols + J_STATE) != J_DONE:
+                rest += 1
+        if rest == 0:
+            break
+    _run_job(0, jobs, jdsd, sram_f32, sram_u16, scratch)
+    atomic_store(jobs, J_STATE, J_DONE)
+    return atomic_load(give_up, 0)
+
+
+def test_the_loop_runs_later_products_while_the_helper_runs_one():
+    """While a PE waits for a product the helper is running, the loop runs the products
+    published after it. Here the helper holds the first product until the 15 others of a
+    4 x 4 gemv are done: the loop must run them all meanwhile (a loop that only waited would
+    wait until the helper gave up)."""
+    ld, w, x = gemv_loaded()
+    state = State(ld, None, False, False, 0)
+    state.jobs, state.jdsd, state.ctl = new_ring(32)
+    state.mp[MP_ASYNC] = 1
+    while state.ctl[CT_HEAD] == 0:  # a step at a time, up to the first product
+        code = run_slice(*state.args(), 1)
+        assert code != R_DONE
+        if code == R_GROW:
+            state.grow()
+    assert state.jobs[0, J_STATE] == J_READY
+    state.jobs[0, J_STATE] = J_CLAIMED  # the helper has it
+    give_up = np.zeros(1, np.int64)
+    timer = threading.Timer(60.0, lambda: give_up.__setitem__(0, 1))
+    outcome = []
+    helper = threading.Thread(target=lambda: outcome.append(_slow_helper(
+        state.jobs, state.jdsd, state.ctl, state.sram_f32, state.sram_u16,
+        np.zeros_like(state.scratch), 16, give_up)))
+    timer.start()
+    helper.start()
+    try:
+        core._loop(state, None)
+    finally:
+        give_up[0] = 1
+        helper.join()
+        timer.cancel()
+    assert outcome == [0], "the loop waited for the held product instead of running others"
+    assert state.ctl[CT_HEAD] == 16 and state.ctl[CT_STOLEN] == 15
+    serial_ld, _, _ = gemv_loaded()
+    same_run(Run(ld, core._result(state, None)), Run(serial_ld, core.run(serial_ld, helper=False)))
     np.testing.assert_allclose(read_output(ld, "y"), w @ x, rtol=1e-4, atol=1e-4)
 
 
