@@ -35,8 +35,9 @@ from emulator.core_sched import R_CLOCK_LIMIT, R_CONTINUE, R_DONE, R_GROW, run_s
 from emulator.core_state import (
     C_SEM, CT_STOP, H_BUSY, HBM_TICKS, K_FAULT_PE, K_FAULT_REASON, K_HBM_READ, K_HBM_WRITE,
     K_HEAP_N, K_HOPS, K_INSTR_TOTAL, K_MESSAGES, K_OUTCOME, K_TRACE_N, K_WAVELETS, L_WAVELETS,
-    MP_ASYNC, MP_PE_BITS, P_BPSTALL, P_BUSY, P_CLOCK, P_DMASTALL, P_INSTR, P_PC, P_RSTALL,
-    P_STATUS, P_TAG0, P_WAIT, S_MATRIX, State, max_clock, new_ring)
+    J_FREE, J_STATE, MP_ASYNC, MP_PE_BITS, N_CT, N_JOB_COLS, P_BPSTALL, P_BUSY, P_CLOCK,
+    P_DMASTALL, P_INSTR, P_PC, P_RSTALL, P_STATUS, P_TAG0, P_WAIT, S_MATRIX, State,
+    job_descriptors, max_clock)
 from emulator.core_undo import restore_sram
 from emulator.load import Loaded, PageSnapshot
 from emulator.result import RUN_FAULT, RUN_MAX_CYCLES, RunResult
@@ -95,7 +96,8 @@ def run(loaded: Loaded, max_cycles: int | None = None, trace: bool = False,
         raise ValueError("a functional run needs SRAM on every PE")
     if loaded.pe_stride >= 1 << 31:  # the core's address checks assume less (core_exec.FAR)
         raise ValueError(f"{loaded.pe_stride} bytes of SRAM per PE: the core supports < 2 GiB")
-    unknown = PageSnapshot(loaded.unknown)  # timing-only: put back with the SRAM for a replay
+    # timing-only: put back with the SRAM for a replay
+    unknown = PageSnapshot(loaded.unknown) if loaded.unknown.size else None
     # dmast writes HBM, which the undo log does not cover: keep a copy for a replay
     hbm = loaded.hbm.copy() if loaded.hbm.size and (loaded.code_op == OP_DMAST).any() else None
     state = State(loaded, max_cycles, trace, trace, trace_cap)
@@ -105,7 +107,8 @@ def run(loaded: Loaded, max_cycles: int | None = None, trace: bool = False,
     _drive(state, progress, helper)
     if int(state.counters[K_OUTCOME]) == RUN_FAULT and not trace:
         restore_sram(state.sram_u16, state.undo, state.undo_data, state.counters)
-        unknown.restore(loaded.unknown)
+        if unknown is not None:
+            unknown.restore(loaded.unknown)
         if hbm is not None:
             loaded.hbm[:] = hbm
         state = State(loaded, max_cycles, True, trace, trace_cap)
@@ -134,23 +137,100 @@ def _drive(state: State, progress, helper: bool = False) -> None:
     """Run the loop to the end; with `helper`, products run on a second thread meanwhile."""
     if not helper:
         return _loop(state, progress)
-    state.jobs, state.jdsd, state.ctl = new_ring(RING_SLOTS)
-    state.mp[MP_ASYNC] = 1
+    fixed = state.fixed
+    # the ring of an earlier run of this program, if any (drained: every slot free)
+    state.jobs = fixed.buffer("jobs", (RING_SLOTS, N_JOB_COLS), np.int64)
+    if len(state.jobs) != RING_SLOTS:
+        state.jobs = fixed.buffers["jobs"] = np.zeros((RING_SLOTS, N_JOB_COLS), np.int64)
+    state.jobs[:, J_STATE] = J_FREE  # (a run interrupted by an exception left it as it was)
+    state.jdsd = job_descriptors(state.jobs)
+    state.ctl = np.zeros(N_CT, dtype=np.int64)
     # its own scratch; jobs larger than that (the loop's grew) are left to the loop
-    args = (state.jobs, state.jdsd, state.ctl, state.sram_f32, state.sram_u16,
-            np.zeros_like(state.scratch))
-    thread = threading.Thread(target=worker, args=args, name="wse-emu-products", daemon=True)
-    try:
-        thread.start()
-    except RuntimeError:  # no thread to be had: the loop runs every product itself
-        state.mp[MP_ASYNC] = 0
+    scratch = fixed.buffer("helper_scratch", state.scratch.shape, np.float32)
+    args = (state.jobs, state.jdsd, state.ctl, state.sram_f32, state.sram_u16, scratch)
+    done = _HELPER.submit(args)
+    if done is None:  # no thread to be had: the loop runs every product itself
         return _loop(state, progress)
+    state.mp[MP_ASYNC] = 1
     try:
         _loop(state, progress)
     finally:
         state.ctl[CT_STOP] = 1
-        thread.join()
+        done.wait()
         state.mp[MP_ASYNC] = 0
+
+
+class _Helper:
+    """The process's helper thread, started on first use and kept: starting and joining a
+    thread for every run cost ~0.5 ms, a twentieth of a 4096 x 4096 gemv. It runs
+    core_jobs.worker on the arrays it is given until the run sets CT_STOP. A second run
+    wanting it while it is busy (runs in several Python threads) gets a thread of its own."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # held by the run the thread serves
+        self._wake = threading.Condition()
+        self._args = None
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, args: tuple) -> threading.Event | None:
+        """Start worker(*args) on a helper thread; the event it sets when it has returned, or
+        None if no thread can be started."""
+        if not self._lock.acquire(blocking=False):
+            return self._own_thread(args)
+        try:
+            if self._thread is None or not self._thread.is_alive():  # (also after a fork)
+                self._thread = threading.Thread(target=self._serve, name="wse-emu-products",
+                                                daemon=True)
+                self._thread.start()
+        except RuntimeError:
+            self._lock.release()
+            return None
+        self._done.clear()
+        with self._wake:
+            self._args = args
+            self._wake.notify()
+        return _Release(self._done, self._lock)
+
+    def _serve(self) -> None:
+        while True:
+            with self._wake:
+                while self._args is None:
+                    self._wake.wait()
+                args, self._args = self._args, None
+            try:
+                worker(*args)
+            finally:
+                self._done.set()
+
+    @staticmethod
+    def _own_thread(args: tuple) -> threading.Event | None:
+        done = threading.Event()
+
+        def serve():
+            try:
+                worker(*args)
+            finally:
+                done.set()
+        try:
+            threading.Thread(target=serve, name="wse-emu-products", daemon=True).start()
+        except RuntimeError:
+            return None
+        return done
+
+
+class _Release:
+    """What _Helper.submit returns for its own thread: wait() also frees it for the next run."""
+
+    def __init__(self, done: threading.Event, lock: threading.Lock) -> None:
+        self._done, self._lock = done, lock
+
+    def wait(self) -> None:
+        self._done.wait()
+        self._lock.release()
+
+
+_HELPER = _Helper()
 
 
 def _loop(state: State, progress) -> None:

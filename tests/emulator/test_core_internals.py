@@ -12,14 +12,15 @@ import pytest
 from emulator import core
 from emulator.api import execute
 from emulator.core_exec import simd_variant
-from emulator.core_state import CL_KIND, _STATIC, State, class_kinds, simd_key_table
-from emulator.load import load
+from emulator.core_state import (CL_KIND, K_MESSAGES, Q_QUEUED, _STATIC, State, class_kinds,
+                                 simd_key_table, static)
+from emulator.load import load, write_input
 from emulator.machine import load_machine
 from emulator.reference import run as reference_run
-from emulator.result import RUN_HALTED
+from emulator.result import RUN_HALTED, RUN_MAX_CYCLES
 from isa.builder import ProgramBuilder
 from isa.spec import COST_CLASSES, DTYPES, FIXED_CLASSES, SIMD_KEYS, simd_key
-from programs.conftest import same_run
+from programs.conftest import build, same_run
 
 
 def test_simd_variant_follows_isa_spec_simd_key_for_every_class_and_dtype_mix():
@@ -294,3 +295,54 @@ def test_the_descriptor_table_holds_the_registers_the_code_names_and_runs_as_the
     want_ld = load(program, load_machine("tiny"))
     same_run(got, Run(want_ld, reference_run(want_ld)))
     assert got.result.outcome == RUN_HALTED
+
+
+def _queue_programs(rng):
+    """(name, Loaded) of programs whose wavelets take every kind of route: multicast down
+    columns and streams along rows (gemv), chains and trees (allreduce), a row (softmax)."""
+    w = rng.standard_normal((64, 64), dtype=np.float32)
+    gemv = load(build("gemv", {"W": w}, M=64, K=64, P=4, Q=4), load_machine("tiny"))
+    write_input(gemv, "x", rng.standard_normal(64, dtype=np.float32))
+    tree = load(build("allreduce", N=16, NX=4, NY=4, MODE=1), load_machine("test64"))
+    write_input(tree, "v", rng.standard_normal((16, 16), dtype=np.float32))
+    soft = load(build("softmax", N=120, Q=3), load_machine("tiny"))
+    write_input(soft, "x", rng.standard_normal(120, dtype=np.float32))
+    return [("gemv", gemv), ("allreduce", tree), ("softmax", soft)]
+
+
+def test_a_run_writes_only_the_input_queues_routes_deliver_to():
+    """State resets only Static.queue_slots between runs: every other queue row must stay
+    zero through a run."""
+    for name, ld in _queue_programs(np.random.default_rng(5)):
+        state = State(ld, None, False, False, 0)
+        core._drive(state, None)
+        assert state.counters[K_MESSAGES] > 0, name
+        others = np.ones(len(state.queue), bool)
+        others[state.fixed.queue_slots] = False
+        assert others.any() and not state.queue[others].any(), name
+        assert state.queue[state.fixed.queue_slots].any(), name  # the slots were used
+
+
+def test_a_run_cut_short_with_wavelets_queued_leaves_nothing_for_the_next():
+    """A run stopped by --max-cycles leaves wavelets in input queues; the next run of the
+    same Loaded starts from empty queues and equals the reference's run of a fresh one."""
+    rng = np.random.default_rng(6)
+    w = rng.standard_normal((64, 64), dtype=np.float32)
+    x = rng.standard_normal(64, dtype=np.float32)
+
+    def fresh():
+        ld = load(build("gemv", {"W": w}, M=64, K=64, P=4, Q=4), load_machine("tiny"))
+        write_input(ld, "x", x)
+        return ld
+    ld = fresh()
+    full = core.run(fresh()).cycles
+    for cycles in range(1, full):  # the first cut with wavelets queued
+        cut = core.run(ld, max_cycles=cycles)
+        assert cut.outcome == RUN_MAX_CYCLES
+        if static(ld).buffers["queue"][:, Q_QUEUED].any():  # the buffer the next run reuses
+            break
+    else:
+        pytest.fail("no cut left wavelets queued")
+    assert not State(ld, None, False, False, 0).queue.any()
+    want_ld = fresh()
+    same_run(Run(ld, core.run(ld)), Run(want_ld, reference_run(want_ld)))
