@@ -23,6 +23,7 @@ from emulator.machine import load_machine
 from programs.conftest import build
 
 ROOT = Path(__file__).resolve().parents[1]
+GEMV_ROUNDS = 15  # a round of the 4096 gemv is ~10 ms: a few rounds' min would be mostly noise
 
 
 @pytest.mark.parametrize("n,pes", [(4096, 64), (16384, 256)], ids=["4096-64x64", "16384-256x256"])
@@ -34,8 +35,12 @@ def test_gemv_vs_numpy(benchmark, n, pes):
     loaded = load(build("gemv", {"W": w}, M=n, K=n, P=pes, Q=pes), load_machine("wse3"))
     write_input(loaded, "x", x)
     run(loaded)  # compile / warm the caches
-    result = benchmark.pedantic(run, args=(loaded,), rounds=3, iterations=1)
-    numpy_s = best_of(lambda: w @ x)
+    # the min of 15 rounds on each side (after 2 more warm-up runs: the first runs of a Loaded
+    # map its run buffers' pages); NumPy after the emulator, because OpenBLAS's threads keep
+    # spinning for a while after a call and would take the CPU the emulator's helper runs on
+    result = benchmark.pedantic(run, args=(loaded,), rounds=GEMV_ROUNDS, iterations=1,
+                                warmup_rounds=2)
+    numpy_s = best_of(lambda: w @ x, GEMV_ROUNDS)
     record(benchmark, numpy_seconds=numpy_s, ratio_to_numpy=lambda emu_s: emu_s / numpy_s,
            instructions=int(result.instructions.sum()), emulated_cycles=int(result.cycles))
     del w, loaded
