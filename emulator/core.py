@@ -33,11 +33,11 @@ import numpy as np
 from emulator.core_jobs import drain, worker
 from emulator.core_sched import R_CLOCK_LIMIT, R_CONTINUE, R_DONE, R_GROW, run_slice
 from emulator.core_state import (
-    C_SEM, CT_STOP, H_BUSY, HBM_TICKS, J_FREE, J_STATE, K_FAULT_PE, K_FAULT_REASON, K_HBM_READ,
-    K_HBM_WRITE, K_HEAP_N, K_HOPS, K_INSTR_TOTAL, K_MESSAGES, K_NEED, K_OUTCOME, K_TRACE_N,
-    K_WAVELETS, L_WAVELETS, MP_ASYNC, MP_PE_BITS, MP_UNDO_LATER, N_CT, N_JOB_COLS, NEED_UNDO,
-    P_BPSTALL, P_BUSY, P_CLOCK, P_DMASTALL, P_INSTR, P_PC, P_RSTALL, P_STATUS, P_TAG0, P_WAIT,
-    S_MATRIX, State, job_descriptors, max_clock)
+    C_SEM, CT_STOP, H_BUSY, HBM_TICKS, K_FAULT_PE, K_FAULT_REASON, K_HBM_READ, K_HBM_WRITE,
+    K_HEAP_N, K_HOPS, K_INSTR_TOTAL, K_MESSAGES, K_OUTCOME, K_TRACE_N, K_WAVELETS, L_WAVELETS,
+    J_FREE, J_STATE, MP_ASYNC, MP_PE_BITS, N_CT, N_JOB_COLS, P_BPSTALL, P_BUSY, P_CLOCK,
+    P_DMASTALL, P_INSTR, P_PC, P_RSTALL, P_STATUS, P_TAG0, P_WAIT, S_MATRIX, State,
+    job_descriptors, max_clock)
 from emulator.core_undo import restore_sram
 from emulator.load import Loaded, PageSnapshot
 from emulator.result import RUN_FAULT, RUN_MAX_CYCLES, RunResult
@@ -147,22 +147,17 @@ def _drive(state: State, progress, helper: bool = False) -> None:
     state.ctl = np.zeros(N_CT, dtype=np.int64)
     # its own scratch; jobs larger than that (the loop's grew) are left to the loop
     scratch = fixed.buffer("helper_scratch", state.scratch.shape, np.float32)
-    # the undo log as it is now: a job copies y's old contents into it (MP_UNDO_LATER) until
-    # the log grows into new arrays (_loop then clears MP_UNDO_LATER)
-    args = (state.jobs, state.jdsd, state.ctl, state.sram_f32, state.sram_u16, state.undo,
-            state.undo_data, scratch)
+    args = (state.jobs, state.jdsd, state.ctl, state.sram_f32, state.sram_u16, scratch)
     done = _HELPER.submit(args)
     if done is None:  # no thread to be had: the loop runs every product itself
         return _loop(state, progress)
     state.mp[MP_ASYNC] = 1
-    state.mp[MP_UNDO_LATER] = 1
     try:
         _loop(state, progress)
     finally:
         state.ctl[CT_STOP] = 1
         done.wait()
         state.mp[MP_ASYNC] = 0
-        state.mp[MP_UNDO_LATER] = 0
 
 
 class _Helper:
@@ -246,12 +241,10 @@ def _loop(state: State, progress) -> None:
         code = run_slice(*state.args(), budget)
         if state.mp[MP_ASYNC]:  # no product outstanding outside the loop
             drain(state.pe, state.jobs, state.jdsd, state.ctl, state.sram_f32, state.sram_u16,
-                  state.undo, state.undo_data, state.scratch)
+                  state.scratch)
         if code == R_DONE:
             return
         if code == R_GROW:
-            if state.counters[K_NEED] == NEED_UNDO:  # new arrays, which the helper has not
-                state.mp[MP_UNDO_LATER] = 0
             state.grow()
         elif code == R_CLOCK_LIMIT:
             raise RuntimeError(f"the run passed cycle {max_clock(state.loaded.n_pes)}, the "

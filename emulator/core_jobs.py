@@ -2,15 +2,11 @@
 
 A functional gemv spends about a third of its host time in the tile products (64 MB of tiles
 from DRAM for the 4096 x 4096 one), and a product changes nothing the scheduler needs: its
-checks, cycles and trace record are all known when it is issued. So when the driver runs a
-helper (core.py), matrix_op checks and times the product as always, then *publishes* it as a
-job in a ring (`jobs`: the operands' descriptors are copied, so later descriptor ops do not
-matter) instead of computing it, marks the PE (pe[p, P_PENDING] = job number + 1) and the PE
-goes on. The undo log's entries for y are made then too, but their data (y's old contents) is
-copied by the job, just before it writes y (core_undo.note_write_later): y is mostly not in
-the loop's cache, and the job must fetch its lines anyway. The undo arrays the helper was given
-stay the loop's until the log grows; the driver drains the ring first, then grows the log and
-clears MP_UNDO_LATER, and later products are logged at issue. The helper thread (`worker`, compiled nogil) claims published jobs in order and
+checks, cycles, trace record and undo copy are all known when it is issued. So when the driver
+runs a helper (core.py), matrix_op checks and times the product as always, then *publishes* it
+as a job in a ring (`jobs`: the operands' descriptors are copied, so later descriptor ops do
+not matter) instead of computing it, marks the PE (pe[p, P_PENDING] = job number + 1) and the
+PE goes on. The helper thread (`worker`, compiled nogil) claims published jobs in order and
 runs them. Before the PE executes anything that reads or writes its SRAM (scalar loads and
 stores, DMA, tensor and matrix ops: `touches_sram`), `settle` makes sure its job is done: it
 claims the job itself if the helper has not started it; if the helper is running it, the loop
@@ -34,11 +30,10 @@ from numba.extending import intrinsic
 
 from emulator.core_exec import _read_mem, _write_mem
 from emulator.core_state import (
-    CT_HEAD, CT_HELPED, CT_STOLEN, CT_STOP, D_ADDR, D_CSTRIDE, D_DTYPE, J_BASE, J_CLAIMED,
-    J_DONE, J_FREE, J_KCOLS, J_MROWS, J_NCOLS, J_P, J_READY, J_SEM, J_SEQ, J_STATE, J_TOTAL,
-    J_UNDO, J_UNDON, P_PENDING, S_DMA, S_DMAWAIT, S_FLW, S_FSW, S_LW, S_MMA, S_MV, S_MVA, S_SW,
+    CT_HEAD, CT_HELPED, CT_STOLEN, CT_STOP, D_ADDR, D_CSTRIDE, D_DTYPE, J_BASE,
+    J_CLAIMED, J_DONE, J_FREE, J_KCOLS, J_MROWS, J_NCOLS, J_P, J_READY, J_SEM, J_SEQ,
+    J_STATE, J_TOTAL, P_PENDING, S_DMA, S_DMAWAIT, S_FLW, S_FSW, S_LW, S_MMA, S_MV, S_MVA, S_SW,
     S_TENSOR)
-from emulator.core_undo import copy_entries
 from kernels import matrix
 
 
@@ -122,10 +117,7 @@ def product(dsd, row, y, w, x, sem, base, m_rows, k_cols, n_cols, total, sram_f3
 
 
 @njit(cache=True, inline="always")
-def _run_job(slot, jobs, jdsd, sram_f32, sram_u16, undo, undo_data, scratch):
-    if jobs[slot, J_UNDON] > 0:  # y's old contents into the log, before anything writes y
-        copy_entries(jobs[slot, J_UNDO], jobs[slot, J_UNDO] + jobs[slot, J_UNDON], sram_u16,
-                     undo, undo_data)
+def _run_job(slot, jobs, jdsd, sram_f32, sram_u16, scratch):
     product(jdsd, slot, 0, 1, 2, jobs[slot, J_SEM], jobs[slot, J_BASE], jobs[slot, J_MROWS],
             jobs[slot, J_KCOLS], jobs[slot, J_NCOLS], jobs[slot, J_TOTAL], sram_f32, sram_u16,
             scratch)
@@ -134,23 +126,23 @@ def _run_job(slot, jobs, jdsd, sram_f32, sram_u16, undo, undo_data, scratch):
 
 
 @njit(cache=True, inline="always")
-def _take(slot, jobs, jdsd, ctl, sram_f32, sram_u16, undo, undo_data, scratch):
+def _take(slot, jobs, jdsd, ctl, sram_f32, sram_u16, scratch):
     """Run the job in `slot` on the loop's thread if nobody has claimed it; whether it did."""
     flat = slot * jobs.shape[1] + J_STATE
     if not atomic_cas(jobs, flat, J_READY, J_CLAIMED):
         return False
-    _run_job(slot, jobs, jdsd, sram_f32, sram_u16, undo, undo_data, scratch)
+    _run_job(slot, jobs, jdsd, sram_f32, sram_u16, scratch)
     atomic_store(jobs, flat, J_DONE)
     ctl[CT_STOLEN] += 1
     return True
 
 
 @njit(cache=True, inline="always")
-def _finish_slot(slot, jobs, jdsd, ctl, sram_f32, sram_u16, undo, undo_data, scratch):
+def _finish_slot(slot, jobs, jdsd, ctl, sram_f32, sram_u16, scratch):
     """Make the job in `slot` done: run it here if nobody has claimed it; if the helper is
     running it, run the next jobs nobody has started meanwhile instead of spinning (the PEs
     that published them settle them soon after, in about the order they were published)."""
-    if _take(slot, jobs, jdsd, ctl, sram_f32, sram_u16, undo, undo_data, scratch):
+    if _take(slot, jobs, jdsd, ctl, sram_f32, sram_u16, scratch):
         return
     flat = slot * jobs.shape[1] + J_STATE
     ring = jobs.shape[0]
@@ -162,29 +154,28 @@ def _finish_slot(slot, jobs, jdsd, ctl, sram_f32, sram_u16, undo, undo_data, scr
             q += 1
             # a job of sequence q - 1 in its slot (not an older one the ring has passed)
             if jobs[other, J_SEQ] == q - 1 and _take(other, jobs, jdsd, ctl, sram_f32,
-                                                     sram_u16, undo, undo_data, scratch):
+                                                     sram_u16, scratch):
                 break
 
 
 @njit(cache=True, inline="always")
-def settle(p, pe, jobs, jdsd, ctl, sram_f32, sram_u16, undo, undo_data, scratch):
+def settle(p, pe, jobs, jdsd, ctl, sram_f32, sram_u16, scratch):
     """PE p's outstanding product is done when this returns (pe[p, P_PENDING] was set)."""
     seq = pe[p, P_PENDING] - 1
     pe[p, P_PENDING] = 0
     slot = seq % jobs.shape[0]
     if jobs[slot, J_SEQ] == seq:  # else the slot was reused, which it is only once done
-        _finish_slot(slot, jobs, jdsd, ctl, sram_f32, sram_u16, undo, undo_data, scratch)
+        _finish_slot(slot, jobs, jdsd, ctl, sram_f32, sram_u16, scratch)
 
 
 @njit(cache=True, inline="always")
-def publish(p, dsd, y, w, x, sem, base, m_rows, k_cols, n_cols, total, u_first, u_count, pe,
-            jobs, jdsd, ctl, sram_f32, sram_u16, undo, undo_data, scratch):
-    """Hand PE p's checked and timed product to the helper; the PE goes on. The job copies
-    the undo log entries u_first .. u_first + u_count - 1 (y's old contents) first."""
+def publish(p, dsd, y, w, x, sem, base, m_rows, k_cols, n_cols, total, pe, jobs, jdsd, ctl,
+            sram_f32, sram_u16, scratch):
+    """Hand PE p's checked, timed and logged product to the helper; the PE goes on."""
     seq = ctl[CT_HEAD]
     slot = seq % jobs.shape[0]
     if atomic_load(jobs, slot * jobs.shape[1] + J_STATE) != J_FREE:
-        _finish_slot(slot, jobs, jdsd, ctl, sram_f32, sram_u16, undo, undo_data, scratch)
+        _finish_slot(slot, jobs, jdsd, ctl, sram_f32, sram_u16, scratch)
     jobs[slot, J_SEQ] = seq
     jobs[slot, J_P] = p
     jobs[slot, J_SEM] = sem
@@ -193,8 +184,6 @@ def publish(p, dsd, y, w, x, sem, base, m_rows, k_cols, n_cols, total, u_first, 
     jobs[slot, J_KCOLS] = k_cols
     jobs[slot, J_NCOLS] = n_cols
     jobs[slot, J_TOTAL] = total
-    jobs[slot, J_UNDO] = u_first
-    jobs[slot, J_UNDON] = u_count
     jdsd[slot, 0, :] = dsd[p, y, :]
     jdsd[slot, 1, :] = dsd[p, w, :]
     jdsd[slot, 2, :] = dsd[p, x, :]
@@ -204,17 +193,17 @@ def publish(p, dsd, y, w, x, sem, base, m_rows, k_cols, n_cols, total, u_first, 
 
 
 @njit(cache=True, nogil=True)
-def drain(pe, jobs, jdsd, ctl, sram_f32, sram_u16, undo, undo_data, scratch):
+def drain(pe, jobs, jdsd, ctl, sram_f32, sram_u16, scratch):
     """Finish every outstanding job (the loop has returned: nothing is published meanwhile)."""
     for slot in range(jobs.shape[0]):
         if jobs[slot, J_STATE] != J_FREE:
-            _finish_slot(slot, jobs, jdsd, ctl, sram_f32, sram_u16, undo, undo_data, scratch)
+            _finish_slot(slot, jobs, jdsd, ctl, sram_f32, sram_u16, scratch)
             pe[jobs[slot, J_P], P_PENDING] = 0
             atomic_store(jobs, slot * jobs.shape[1] + J_STATE, J_FREE)
 
 
 @njit(cache=True, nogil=True)
-def worker(jobs, jdsd, ctl, sram_f32, sram_u16, undo, undo_data, scratch):
+def worker(jobs, jdsd, ctl, sram_f32, sram_u16, scratch):
     """The helper thread: run published jobs in order until ctl[CT_STOP] is set. Jobs larger
     than its scratch (the loop's has grown since) are left to the loop."""
     ring = jobs.shape[0]
@@ -233,7 +222,7 @@ def worker(jobs, jdsd, ctl, sram_f32, sram_u16, undo, undo_data, scratch):
             if max(jobs[slot, J_TOTAL], jobs[slot, J_KCOLS]) > scratch.shape[1]:
                 atomic_store(jobs, flat, J_READY)
                 continue
-            _run_job(slot, jobs, jdsd, sram_f32, sram_u16, undo, undo_data, scratch)
+            _run_job(slot, jobs, jdsd, sram_f32, sram_u16, scratch)
             atomic_store(jobs, flat, J_DONE)
             ctl[CT_HELPED] += 1
 

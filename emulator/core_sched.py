@@ -84,7 +84,7 @@ def step(p, code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, unknown, un
     at = pe[p, P_CODE0] + pc
     sem = code[at, C_SEM]
     if pe[p, P_PENDING] != 0 and touches_sram(sem):  # its product first (core_jobs)
-        settle(p, pe, jobs, jdsd, ctl, sram_f32, sram_u16, undo, undo_data, scratch)
+        settle(p, pe, jobs, jdsd, ctl, sram_f32, sram_u16, scratch)
     if sem >= S_TENSOR:
         if sem >= S_MATRIX:
             return matrix_op(p, at, code, pe, dsd, sram_f32, sram_u16, unknown, undo, undo_data,

@@ -132,13 +132,11 @@ MAX_KEY_BITS = 62
 # MP_UNDO: log the original contents of written SRAM (for a replay in strict order).
 # MP_TIMING: timing-only mode (no data moves or is computed; cycles as in functional mode).
 # MP_ASYNC: tile products go to the helper thread's ring (core_jobs) instead of running at once.
-# MP_UNDO_LATER: ... and a product's job copies y's old contents into the undo log (the arrays
-#   the helper holds are the loop's: cleared when the log grows).
 # MP_HBM_*: the program's HBM size (the DMA range limit), latency, channels and interleave.
 (MP_ISSUE, MP_HOP, MP_RAMP, MP_QDEPTH, MP_COLORS, MP_MAX_CYCLES, MP_STRICT, MP_TRACE_CAP,
  MP_UNDO, MP_PE_BITS, MP_TIMING, MP_HBM_BYTES, MP_HBM_LAT, MP_HBM_CH, MP_HBM_IL,
- MP_ASYNC, MP_UNDO_LATER) = range(17)
-N_MP = 17
+ MP_ASYNC) = range(16)
+N_MP = 16
 
 # HBM channels (State.hbm_ch rows): first free time and time spent transferring, in ticks of
 # 1/HBM_TICKS cycle (exact sums of many short transfers; emulator/reference.py does the same).
@@ -147,11 +145,9 @@ HBM_TICKS = 1024
 
 # The helper's ring (core_jobs): per job its state, number, PE, semantic id, the PE's SRAM
 # offset, shape (rows and columns of W, columns of X, elements of Y), then copies of the
-# descriptors of y, w and x (J_DSD, 3 x 8), and the undo log entries whose data the job copies
-# before it writes y (first, how many); 40 columns, five cache lines.
+# descriptors of y, w and x (J_DSD, 3 x 8); 40 columns, five cache lines.
 J_STATE, J_SEQ, J_P, J_SEM, J_BASE, J_MROWS, J_KCOLS, J_NCOLS, J_TOTAL = range(9)
 J_DSD = 9
-J_UNDO, J_UNDON = 33, 34
 N_JOB_COLS = 40
 J_FREE, J_READY, J_CLAIMED, J_DONE = range(4)
 # The ring's control words, one cache line each (the loop writes the head, the helper polls it):

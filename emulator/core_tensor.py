@@ -15,11 +15,11 @@ from emulator.core_fabric import need, queue_arrival, queue_consume, queue_read,
 from emulator.core_jobs import product, publish
 from emulator.core_state import (
     CL_KIND, C_A, C_B, C_C, C_CLASS, C_SEM, C_SUB, D_COLOR, D_COUNT, D_DTYPE, D_KIND, D_LEN,
-    D_STRIDE, K_UNDO_N, MP_ASYNC, MP_COLORS, MP_ISSUE, MP_QDEPTH, MP_TIMING, MP_TRACE_CAP,
-    MP_UNDO, MP_UNDO_LATER, NEED_SCRATCH, P_DONE, P_FTAINT, P_SRAM0, P_SRAM_LEN, P_STATUS,
-    P_WAIT, Q_QUEUED, S_BINARY, S_BINSCALAR, S_FILL, S_FMA, S_MV, S_MVA, S_RDOT, S_RMAX, S_RSUM,
-    S_UNARY, T_START, X_GROW, X_OK, X_STOP)
-from emulator.core_undo import note_write, note_write_later, undo_fits
+    D_STRIDE, MP_ASYNC, MP_COLORS, MP_ISSUE, MP_QDEPTH, MP_TIMING, MP_TRACE_CAP, MP_UNDO,
+    NEED_SCRATCH, P_DONE, P_FTAINT, P_SRAM0, P_SRAM_LEN, P_STATUS, P_WAIT, Q_QUEUED, S_BINARY,
+    S_BINSCALAR, S_FILL, S_FMA, S_MV, S_MVA, S_RDOT, S_RMAX, S_RSUM, S_UNARY, T_START, X_GROW,
+    X_OK, X_STOP)
+from emulator.core_undo import note_write, undo_fits
 from emulator.result import F_COUNT, F_MATRIX_FABRIC, F_NO_ROUTE, F_SHAPE, ST_RUN, ST_WAIT_RECV
 from isa.spec import DSD_FABIN, DSD_FABOUT, DSD_MEM
 from kernels import elementwise as ew
@@ -214,15 +214,10 @@ def matrix_op(p, at, code, pe, dsd, sram_f32, sram_u16, unknown, undo, undo_data
                              mp[MP_ISSUE])
     base = pe[p, P_SRAM0]
     if mp[MP_ASYNC] != 0:
-        # y's old contents: logged now, or copied into the log by the job itself before it
-        # writes y (the loop then never touches y, which is mostly not in its cache)
-        u_first, u_count = counters[K_UNDO_N], 0
-        if log and mp[MP_UNDO_LATER] != 0:
-            u_first, u_count = note_write_later(p, lo, hi, pe, undo, counters, mp)
-        elif log:
+        if log:  # y's old contents, before the helper can write it
             note_write(p, lo, hi, pe, sram_u16, undo, undo_data, counters, mp)
-        publish(p, dsd, y, w, x, sem, base, m_rows, k_cols, n_cols, total, u_first, u_count, pe,
-                jobs, jdsd, ctl, sram_f32, sram_u16, undo, undo_data, scratch)
+        publish(p, dsd, y, w, x, sem, base, m_rows, k_cols, n_cols, total, pe, jobs, jdsd, ctl,
+                sram_f32, sram_u16, scratch)
         finish_chunk(p, cls, total, total, start, end, pe, mp, trace, counters)
         return X_OK
     # y's old contents go to the undo log just before y is written (nothing writes SRAM

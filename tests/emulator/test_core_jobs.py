@@ -13,13 +13,11 @@ from emulator import core
 from emulator.core_jobs import _run_job, atomic_load, atomic_store
 from emulator.core_sched import R_DONE, R_GROW, run_slice
 from emulator.core_state import (CT_HEAD, CT_HELPED, CT_STOLEN, J_CLAIMED, J_DONE, J_FREE,
-                                 J_READY, J_STATE, MP_ASYNC, MP_UNDO_LATER, P_PENDING, State,
-                                 new_ring)
-from emulator.core_undo import restore_sram
+                                 J_READY, J_STATE, MP_ASYNC, P_PENDING, State, new_ring)
 from emulator.load import load, read_output, write_input
 from emulator.machine import load_machine
 from emulator.reference import run as reference_run
-from emulator.result import RUN_FAULT, RUN_HALTED
+from emulator.result import RUN_HALTED
 from isa.builder import ProgramBuilder
 from programs.conftest import build, same_run
 
@@ -149,8 +147,7 @@ def test_the_helper_runs_products_and_leaves_none_outstanding():
 
 
 @njit(nogil=True)
-def _slow_helper(jobs, jdsd, ctl, sram_f32, sram_u16, undo, undo_data, scratch, jobs_total,
-                 give_up):
+def _slow_helper(jobs, jdsd, ctl, sram_f32, sram_u16, scratch, jobs_total, give_up):
     """A helper that has claimed the first product and runs it only once every other product
     of the run is done (or give_up[0] is set): 0 if it did so, 1 if it gave up."""
     cols = jobs.shape[1]
@@ -163,7 +160,7 @@ def _slow_helper(jobs, jdsd, ctl, sram_f32, sram_u16, undo, undo_data, scratch, 
                 rest += 1
         if rest == 0:
             break
-    _run_job(0, jobs, jdsd, sram_f32, sram_u16, undo, undo_data, scratch)
+    _run_job(0, jobs, jdsd, sram_f32, sram_u16, scratch)
     atomic_store(jobs, J_STATE, J_DONE)
     return atomic_load(give_up, 0)
 
@@ -188,8 +185,8 @@ def test_the_loop_runs_later_products_while_the_helper_runs_one():
     timer = threading.Timer(60.0, lambda: give_up.__setitem__(0, 1))
     outcome = []
     helper = threading.Thread(target=lambda: outcome.append(_slow_helper(
-        state.jobs, state.jdsd, state.ctl, state.sram_f32, state.sram_u16, state.undo,
-        state.undo_data, np.zeros_like(state.scratch), 16, give_up)))
+        state.jobs, state.jdsd, state.ctl, state.sram_f32, state.sram_u16,
+        np.zeros_like(state.scratch), 16, give_up)))
     timer.start()
     helper.start()
     try:
@@ -203,69 +200,6 @@ def test_the_loop_runs_later_products_while_the_helper_runs_one():
     serial_ld, _, _ = gemv_loaded()
     same_run(Run(ld, core._result(state, None)), Run(serial_ld, core.run(serial_ld, helper=False)))
     np.testing.assert_allclose(read_output(ld, "y"), w @ x, rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize("program", ["readers", "gemv"])
-def test_products_copy_the_old_contents_of_y_into_the_undo_log(program):
-    """With MP_UNDO_LATER a product's job copies y's old contents into the undo log before it
-    writes y: restoring the log after the run gives back the SRAM as it was before it."""
-    if program == "readers":
-        ld, state = ring_state(readers_program(), 3)
-    else:
-        ld, _, _ = gemv_loaded()
-        state = State(ld, None, False, False, 0)
-        state.jobs, state.jdsd, state.ctl = new_ring(7)
-        state.mp[MP_ASYNC] = 1
-    ld.sram[ld.sram == 0] = 0x41  # every y holds something (12.07 as fp32) to put back
-    before = ld.sram.copy()
-    state.mp[MP_UNDO_LATER] = 1
-    core._loop(state, None)
-    assert state.ctl[CT_HEAD] > 0 and not np.array_equal(ld.sram, before)
-    restore_sram(state.sram_u16, state.undo, state.undo_data, state.counters)
-    np.testing.assert_array_equal(ld.sram, before)
-
-
-def faulting_products_program():
-    """Two PEs accumulate products into y and y2 (mva: the old y is read), then PE 1 faults on
-    a misaligned load, after PE 0 has run on: the run is put back and replayed."""
-    pb = ProgramBuilder("late-fault")
-    pb.output("y", "f32", [8])
-    rb = pb.region("pe", 0, 0, 2, 1)
-    w = rb.alloc("w", 4 * 16)
-    x = rb.alloc("x", 4 * 4)
-    y = rb.alloc("y", 4 * 4)
-    y2 = rb.alloc("y2", 4 * 4)
-    rb.piece("y", y, "f32", (4, 1), row=(0, 0, 1))
-    rb.init(w, "f32", [0.25 * i - 2 for i in range(16)])
-    rb.init(x, "f32", [1.0, -2.0, 0.5, 3.0])
-    rb.init(y, "f32", [7.0, -1.0, 2.5, 0.125])
-    rb.init(y2, "f32", [-3.0, 4.0, 1.5, 9.0])
-    rb.dmem(0, "f32", w, 4)
-    rb.d2d(0, 4, 4)
-    rb.dmem(1, "f32", x, 4)
-    rb.dmem(2, "f32", y, 4)
-    rb.dmem(3, "f32", y2, 4)
-    rb.mva(2, 0, 1)
-    rb.mva(3, 0, 1)
-    rb.mva(2, 0, 1)
-    rb.li("r1", 1)
-    rb.bne("X", "r1", "fine")
-    rb.lw("r2", "r0", y + 2)  # misaligned: PE 1 faults
-    rb.label("fine")
-    rb.mva(3, 0, 1)
-    rb.halt()
-    return pb.build()
-
-
-def test_a_fault_after_products_replays_from_the_sram_before_them():
-    program = faulting_products_program()
-    ld = load(program, load_machine("tiny"))
-    got = core.run(ld, helper=True)
-    want_ld = load(program, load_machine("tiny"))
-    want = reference_run(want_ld)
-    same_run(Run(ld, got), Run(want_ld, want))
-    assert (got.outcome, got.fault_pe) == (RUN_FAULT, 1)
-    assert (got.fault_pe, got.fault_reason) == (want.fault_pe, want.fault_reason)
 
 
 def test_the_helper_is_chosen_only_where_it_can_pay(monkeypatch):
