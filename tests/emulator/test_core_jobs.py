@@ -136,6 +136,29 @@ def test_gemv_with_the_helper_equals_the_serial_run_and_numpy(monkeypatch, slots
     np.testing.assert_allclose(read_output(ld, "y"), w @ x, rtol=1e-4, atol=1e-4)
 
 
+def test_a_run_finding_the_process_helper_busy_gets_a_thread_of_its_own(monkeypatch):
+    """Runs in several Python threads: while the process's helper serves one run (its lock
+    held), another starts a helper of its own, with the same results."""
+    own = []
+    real = core._Helper._own_thread
+    monkeypatch.setattr(core._Helper, "_own_thread",
+                        staticmethod(lambda args: own.append(1) or real(args)))
+    ld, w, x = gemv_loaded()
+    serial_ld, _, _ = gemv_loaded()
+    serial = Run(serial_ld, core.run(serial_ld, helper=False))
+    assert core._HELPER._lock.acquire(blocking=False)
+    try:
+        helped = Run(ld, core.run(ld, helper=True))
+    finally:
+        core._HELPER._lock.release()
+    same_run(helped, serial)
+    assert own == [1] and helped.result.host_threads == 2
+    # the kept thread serves the next run again
+    again_ld, _, _ = gemv_loaded()
+    same_run(Run(again_ld, core.run(again_ld, helper=True)), serial)
+    assert own == [1] and core._HELPER._thread.is_alive()
+
+
 def test_the_helper_runs_products_and_leaves_none_outstanding():
     ld, w, x = gemv_loaded(512, 512, 8, 8)
     state = State(ld, None, False, False, 0)
