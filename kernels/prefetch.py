@@ -4,9 +4,9 @@
 llvm.prefetch: read, data cache). It is only a hint: it never faults, changes no value and
 no result, and compiles to nothing on a target without prefetch instructions; an index past the
 end is harmless but wasted, so callers clamp it. Used where the emulator walks data the hardware
-prefetcher picks up too late: the weight tiles of the matrix kernels, short (a few KB per PE)
-and one after another in SRAM, so every tile would start with a run of DRAM misses; and the
-scheduler's next PE's rows of the per-PE tables (core_sched), which a large mesh keeps in DRAM.
+prefetcher picks up too late: the scheduler's next PE's rows of the per-PE tables (core_sched),
+which a large mesh keeps in DRAM. (The tile products' column loop, kernels.columns, emits the
+same intrinsic from its own IR.)
 """
 
 from llvmlite import binding as llvm
@@ -18,7 +18,7 @@ from numba.extending import intrinsic
 
 # The intrinsic's name carries its pointer type: opaque "p0" since LLVM 17 (typed pointers are
 # gone), "p0i8" for the i8* of the LLVM 14-16 that older llvmlite releases build on.
-_NAME = "llvm.prefetch." + ("p0" if llvm.llvm_version_info[0] >= 17 else "p0i8")
+INTRINSIC = "llvm.prefetch." + ("p0" if llvm.llvm_version_info[0] >= 17 else "p0i8")
 
 
 def _make(locality):
@@ -29,7 +29,7 @@ def _make(locality):
         i8p = ir.IntType(8).as_pointer()
         i32 = ir.IntType(32)
         fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, _NAME)
+        fn = cgutils.get_or_insert_function(builder.module, fnty, INTRINSIC)
         # read (0), temporal locality 0..3, data cache (1)
         builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0),
                           ir.Constant(i32, locality), ir.Constant(i32, 1)])
@@ -44,12 +44,3 @@ def prefetch(typingctx, arr, index):
     if not isinstance(arr, types.Array) or not isinstance(index, types.Integer):
         return None
     return types.void(arr, index), _make(3)
-
-
-@intrinsic
-def prefetch_once(typingctx, arr, index):
-    """As `prefetch`, for data read once (a streamed weight tile): the non-temporal hint, so
-    that it does not evict what is reused from the outer caches (x86 prefetchnta)."""
-    if not isinstance(arr, types.Array) or not isinstance(index, types.Integer):
-        return None
-    return types.void(arr, index), _make(0)

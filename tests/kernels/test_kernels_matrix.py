@@ -46,7 +46,9 @@ def setup(seed, m, k, dtype, cstride, pe=1, addr=256):
 
 
 @pytest.mark.parametrize("dtype", [F32, F16, BF16])
-@pytest.mark.parametrize("m,k", [(1, 1), (3, 7), (8, 8), (13, 9), (5, 17), (64, 64), (33, 70)])
+# m covers each path of kernels.columns: 64-row register blocks, 16-row blocks, single rows
+@pytest.mark.parametrize("m,k", [(1, 1), (3, 7), (8, 8), (13, 9), (5, 17), (64, 64), (33, 70),
+                                 (100, 5), (147, 3), (128, 17)])
 def test_mv_is_bit_exact_with_sequential_fp32(m, k, dtype):
     sram, base, w, rng = setup(m * 100 + k, m, k, dtype, cstride=m + 3)
     x = rng.standard_normal(k).astype(np.float32)
@@ -80,6 +82,54 @@ def test_mv_reads_only_its_tile_and_writes_only_acc():
     assert np.isfinite(acc[:m]).all()  # the 0xFF padding between columns is NaN: not read
     np.testing.assert_array_equal(acc[m:], 9.0)
     np.testing.assert_array_equal(sram, before)
+
+
+@pytest.mark.parametrize("dtype", [F32, F16, BF16])
+def test_mv_keeps_special_values_exact(dtype):
+    """Infinities, signed zeros and subnormals of every storage type widen and accumulate as
+    the sequential fp32 reference does (16-bit widening is done on vectors in the kernel)."""
+    m, k = 80, 6
+    sram, base, _, rng = setup(5, m, k, dtype, cstride=m)
+    w = rng.standard_normal((m, k)).astype(np.float32)
+    tiny = {F32: 1e-40, F16: 3e-7, BF16: 1e-39}[dtype]  # subnormal in the storage type
+    w[::7, 0], w[1::7, 1], w[2::7, 2], w[3::7, 3] = np.inf, -np.inf, -0.0, tiny
+    w[4::7, 4] = -tiny
+    stored = store_matrix(sram, base, w, m, dtype)
+    x = rng.standard_normal(k).astype(np.float32)
+    x[5] = 0.0  # inf * 0: NaN where an infinity meets it
+    acc0 = np.zeros(m, dtype=np.float32)
+    acc = acc0.copy()
+    mv(sram.view(np.float32), sram.view(np.uint16), base, m, k, m, dtype, x, acc)
+    want = sequential_mv(stored, x, acc0)
+    finite = np.isfinite(want)
+    np.testing.assert_array_equal(acc[finite].view(np.uint32), want[finite].view(np.uint32))
+    np.testing.assert_array_equal(np.isnan(acc), np.isnan(want))
+    np.testing.assert_array_equal(acc[np.isinf(want)], want[np.isinf(want)])
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_mv_of_a_tile_that_ends_the_sram(dtype):
+    """The column loop prefetches past the tile; at the end of SRAM that must stay a hint."""
+    m, k = 64, 64
+    size = 4 if dtype == F32 else 2
+    sram = np.zeros(m * k * size + 64, dtype=np.uint8)
+    base = 64
+    rng = np.random.default_rng(9)
+    w = store_matrix(sram, base, rng.standard_normal((m, k)).astype(np.float32), m, dtype)
+    x = rng.standard_normal(k).astype(np.float32)
+    acc = np.zeros(m, dtype=np.float32)
+    mv(sram.view(np.float32), sram.view(np.uint16), base, m, k, m, dtype, x, acc)
+    want = sequential_mv(w, x, np.zeros(m, np.float32))
+    np.testing.assert_array_equal(acc.view(np.uint32), want.view(np.uint32))
+
+
+def test_mv_refuses_a_tile_outside_the_sram():
+    sram = np.zeros(1024, dtype=np.uint8)
+    x, acc = np.ones(8, np.float32), np.zeros(8, np.float32)
+    with pytest.raises(IndexError):  # 8 x 8 fp32 = 256 bytes from byte 800: past the end
+        mv(sram.view(np.float32), sram.view(np.uint16), 800, 8, 8, 8, F32, x, acc)
+    with pytest.raises(IndexError):  # acc shorter than the tile's rows
+        mv(sram.view(np.float32), sram.view(np.uint16), 0, 8, 8, 8, F32, x, acc[:4])
 
 
 def test_mv_with_nothing_to_do_leaves_acc_alone():
