@@ -16,7 +16,7 @@ from numba import njit
 from emulator.core_fabric import need
 from emulator.core_state import (
     CK_FMAC, CK_MOVE, CK_SPECIAL, D_ADDR, D_COLOR, D_COUNT, D_CSTRIDE, D_DTYPE, D_KIND, D_LEN,
-    D_STRIDE, FABOUT_BIT, K_CLASS0, K_INSTR_TOTAL, K_TRACE_N, MP_TIMING, MP_TRACE_CAP,
+    D_STRIDE, FABOUT_BIT, K_CLASS0, K_HALTED, K_INSTR_TOTAL, K_TRACE_N, MP_TIMING, MP_TRACE_CAP,
     NEED_TRACE, P_BUSY, P_CLOCK, P_DONE, P_FABRIC, P_FAULT, P_FTAINT, P_INSTR, P_PC, P_RSTALL,
     P_SRAM0, P_SRAM_LEN, P_STATUS,
     S_ADD, S_ADDI, S_AND, S_ANDI, S_BEQ, S_BGE, S_BINARY, S_BLT, S_BNE, S_D2D, S_DADDR, S_DFIN,
@@ -105,6 +105,7 @@ def exec_int(p, sem, a, b, c, imm, pc, code_len, pe, ireg, sram_i32, sram_u16, u
     nxt = pc + 1
     if sem == S_HALT:
         pe[p, P_STATUS] = ST_HALT
+        counters[K_HALTED] += 1
     elif sem == S_JMP:
         nxt = _target(imm, code_len)
     elif sem == S_BEQ:

@@ -41,7 +41,7 @@ from emulator.core_fabric import heap_pop_top, heap_push, heap_replace_top, stil
 from emulator.core_jobs import settle, touches_sram
 from emulator.core_state import (
     C_A, C_B, C_C, C_CLASS, C_COST, C_IH, C_IL, C_IMM, C_SEM, D_ADDR, D_KIND, K_CLASS0,
-    K_FAULT_PE, K_FAULT_REASON, K_HEAP_N, K_INSTR_TOTAL, K_OUTCOME, MAX_KEY_BITS,
+    K_FAULT_PE, K_FAULT_REASON, K_HALTED, K_HEAP_N, K_INSTR_TOTAL, K_OUTCOME, MAX_KEY_BITS,
     MP_MAX_CYCLES, MP_PE_BITS, MP_STRICT, MP_UNDO, P_BUSY, P_CLOCK, P_CODE0, P_CODELEN, P_FABRIC,
     P_FAULT, P_INSTR, P_PC, P_PENDING, P_SRAM0, P_SRAM_LEN, P_STATUS, S_DESC, S_DMAWAIT,
     S_FLOAT, S_FSW, S_MATRIX, S_SW, S_TENSOR, X_FAULT, X_GROW, X_OK, X_STOP)
@@ -190,6 +190,9 @@ def _prefetch_operands(p, code, pe, dsd, sram_u16):
 @njit(cache=True)
 def _finish(pe, counters):
     """The outcome when no PE is runnable: halted if all have, else deadlock."""
+    if counters[K_HALTED] == pe.shape[0]:  # (no pass over every PE's row)
+        counters[K_OUTCOME] = RUN_HALTED
+        return R_DONE
     for p in range(pe.shape[0]):
         if pe[p, P_STATUS] != ST_HALT:
             counters[K_OUTCOME] = RUN_DEADLOCK

@@ -15,6 +15,7 @@ from __future__ import annotations
 import weakref
 
 import numpy as np
+from numba import njit
 
 from emulator.load import Loaded
 from isa.spec import (COST_CLASSES, DTYPES, FIXED_CLASSES, INSTRUCTIONS, N_DMA_TAGS, N_DREGS,
@@ -161,8 +162,8 @@ N_CT = 32
 # Undo log: entries and uint16 words used.
 (K_MESSAGES, K_WAVELETS, K_HOPS, K_POOL_TOP, K_DL_HEAD, K_DL_NFREE, K_DL_USED, K_MSG_HEAD,
  K_MSG_NFREE, K_MSG_USED, K_TRACE_N, K_HEAP_N, K_NEED, K_NEED_AMOUNT, K_OUTCOME, K_FAULT_PE,
- K_FAULT_REASON, K_INSTR_TOTAL, K_UNDO_N, K_UNDO_TOP, K_HBM_READ, K_HBM_WRITE,
- K_CLASS0) = range(23)
+ K_FAULT_REASON, K_INSTR_TOTAL, K_UNDO_N, K_UNDO_TOP, K_HBM_READ, K_HBM_WRITE, K_HALTED,
+ K_CLASS0) = range(24)
 N_K = K_CLASS0 + len(COST_CLASSES)
 
 # What an executor tells the scheduler: carry on with this PE / it left the runnable set
@@ -292,9 +293,9 @@ class Static:
                                             np.repeat(np.cumsum(count) - count, count))
         to = dest[entry]
         self.queue_slots = np.unique((to * colors + np.repeat(slots % colors, count))[to >= 0])
-        # ... within these colors of every PE (a slice: faster to clear than 8 k rows by index)
-        used = self.queue_slots % colors
-        self.queue_colors = slice(int(used.min(initial=0)), int(used.max(initial=-1)) + 1)
+        # the columns of the pe table a run starts from (the others start at 0)
+        self.pe_start = np.stack([loaded.pe_code_start, loaded.pe_code_len, loaded.sram_base,
+                                  loaded.sram_len]).astype(np.int64)
         self.dregs = dregs_used(loaded)
         self.buffers: dict[str, np.ndarray] = {}
 
@@ -343,12 +344,7 @@ class State:
         self.tree_of, self.tree = fixed.tree_of, fixed.tree
         self.tree_tmp = fixed.buffer("tree_tmp", (fixed.tree_width, 2), np.int64)
         self.pe = fixed.buffer("pe", (n, N_PE_COLS), np.int64)
-        self.pe[:] = 0
-        self.pe[:, P_WAIT] = -1
-        self.pe[:, P_CODE0] = loaded.pe_code_start
-        self.pe[:, P_CODELEN] = loaded.pe_code_len
-        self.pe[:, P_SRAM0] = loaded.sram_base
-        self.pe[:, P_SRAM_LEN] = loaded.sram_len
+        _reset_pe(self.pe, fixed.pe_start)
         self.ireg = fixed.buffer("ireg", loaded.ireg_init.shape, np.int64)
         self.ireg[:] = loaded.ireg_init
         self.freg = fixed.zeroed("freg", (n, N_FREGS), np.float32)
@@ -386,7 +382,7 @@ class State:
         self.hbm_ch = np.zeros((max(1, m.hbm_channels), 2), dtype=np.int64)
         self.hbm_rate = np.array([m.hbm_bytes_per_cycle / max(1, m.hbm_channels)], np.float64)
         self.queue = fixed.buffer("queue", (n * m.colors, 3), np.int64)
-        self.queue.reshape(n, m.colors, 3)[:, fixed.queue_colors] = 0
+        _zero_rows(self.queue, fixed.queue_slots)
         self.link = fixed.zeroed("link", (loaded.n_links, 2), np.int64)
         # records and payloads are initialised when taken: no reset
         records = max(256, 2 * n)
@@ -396,7 +392,7 @@ class State:
         pool = 16 if loaded.timing_only else max(1 << 16, 16 * n)
         self.payload = fixed.buffer("payload", (pool,), np.uint32)
         self.heap = fixed.buffer("heap", (n,), np.int64)
-        self.heap[:] = np.arange(n)  # all clocks 0: index order is a heap
+        _count_up(self.heap)  # all clocks 0: index order is a heap
         self.wake = fixed.buffer("wake", (n,), np.int64)
         self.scratch = fixed.buffer("scratch", (4, max(1024, loaded.pe_stride // 2)), np.float32)
         self.trace = np.zeros((min(trace_cap, 1 << 16) if trace else 1, 4), dtype=np.int64)
@@ -473,6 +469,32 @@ def pe_bits(n_pes: int) -> int:
 def max_clock(n_pes: int) -> int:
     """The largest clock a heap key holds (2**43 cycles, hours of host time, at 900k PEs)."""
     return (1 << (MAX_KEY_BITS - pe_bits(n_pes))) - 1
+
+
+@njit(cache=True)
+def _reset_pe(pe, start):
+    """Every PE's row as a run starts it: P_WAIT -1, code and SRAM from `start` (code0, code
+    length, SRAM offset, SRAM length per PE), the rest 0; one pass over the table, row by row
+    (numpy's column assignments made one strided pass each)."""
+    for p in range(pe.shape[0]):
+        pe[p, :] = 0
+        pe[p, P_WAIT] = -1
+        pe[p, P_CODE0] = start[0, p]
+        pe[p, P_CODELEN] = start[1, p]
+        pe[p, P_SRAM0] = start[2, p]
+        pe[p, P_SRAM_LEN] = start[3, p]
+
+
+@njit(cache=True)
+def _zero_rows(table, rows):
+    for r in rows:
+        table[r, :] = 0
+
+
+@njit(cache=True)
+def _count_up(a):
+    for i in range(a.shape[0]):
+        a[i] = i
 
 
 _EMPTY_DSD = np.zeros((N_DREGS, 8), dtype=np.int64)  # every descriptor: mem, len 0, stride 1

@@ -142,6 +142,25 @@ def test_deadlock_reports_what_each_pe_waits_for():
     assert r.messages == 0
 
 
+def test_deadlock_of_the_last_pe_after_all_others_halted():
+    """The core counts halted PEs to call a run halted without a pass over all of them: one
+    PE still waiting (its sender halted without sending) is a deadlock, not a halt."""
+    pb = ProgramBuilder("last")
+    pb.route(0, 0, 1, 1, 0, rx="RAMP", tx="E")
+    pb.route(1, 0, 1, 1, 0, rx="W", tx="RAMP")
+    rb = pb.region("row", 0, 0, 2, 1)
+    buf = rb.alloc("buf", 32)
+    rb.dmem(0, "f32", buf, 8)
+    rb.beq("X", "r0", "done")
+    rb.dfin(1, "f32", 0, 8)
+    rb.vmov(0, 1)
+    rb.label("done")
+    rb.halt()
+    r = both(pb.build())
+    assert r.outcome == RUN_DEADLOCK
+    assert list(r.status) == [ST_HALT, ST_WAIT_RECV]
+
+
 def test_max_cycles_stops_a_runaway_program_at_the_limit():
     pb = ProgramBuilder("spin")
     pb.route(0, 0, 1, 1, 0, rx="RAMP", tx="E")
