@@ -142,15 +142,21 @@ def test_deadlock_reports_what_each_pe_waits_for():
     assert r.messages == 0
 
 
-def test_deadlock_of_the_last_pe_after_all_others_halted():
-    """The core counts halted PEs to call a run halted without a pass over all of them: one
-    PE still waiting (its sender halted without sending) is a deadlock, not a halt."""
-    pb = ProgramBuilder("last")
+def east_row(name):
+    """A 2 x 1 program whose color 0 runs from PE (0,0) east to PE (1,0); d0 is an 8-element
+    fp32 buffer on both."""
+    pb = ProgramBuilder(name)
     pb.route(0, 0, 1, 1, 0, rx="RAMP", tx="E")
     pb.route(1, 0, 1, 1, 0, rx="W", tx="RAMP")
     rb = pb.region("row", 0, 0, 2, 1)
-    buf = rb.alloc("buf", 32)
-    rb.dmem(0, "f32", buf, 8)
+    rb.dmem(0, "f32", rb.alloc("buf", 32), 8)
+    return pb, rb
+
+
+def test_deadlock_of_the_last_pe_after_all_others_halted():
+    """The core counts halted PEs to call a run halted without a pass over all of them: one
+    PE still waiting (its sender halted without sending) is a deadlock, not a halt."""
+    pb, rb = east_row("last")
     rb.beq("X", "r0", "done")
     rb.dfin(1, "f32", 0, 8)
     rb.vmov(0, 1)
@@ -162,12 +168,7 @@ def test_deadlock_of_the_last_pe_after_all_others_halted():
 
 
 def test_max_cycles_stops_a_runaway_program_at_the_limit():
-    pb = ProgramBuilder("spin")
-    pb.route(0, 0, 1, 1, 0, rx="RAMP", tx="E")
-    pb.route(1, 0, 1, 1, 0, rx="W", tx="RAMP")
-    rb = pb.region("row", 0, 0, 2, 1)
-    buf = rb.alloc("buf", 32)
-    rb.dmem(0, "f32", buf, 8)
+    pb, rb = east_row("spin")
     rb.bne("X", "r0", "east")
     rb.dfout(1, "f32", 0, 8)
     rb.label("send")
