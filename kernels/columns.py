@@ -56,11 +56,12 @@ _MASK = ir.VectorType(ir.IntType(1), LANES)
 _OPAQUE = PREFETCH.endswith(".p0")  # LLVM 17 on: intrinsic names carry opaque pointers
 
 
-def _splat(b, value, lanes, ty):
-    vt = ir.VectorType(ty, lanes)
+def _splat(b, value, ty):
+    """A vector of LANES copies of `value`."""
+    vt = ir.VectorType(ty, LANES)
     v = b.insert_element(ir.Constant(vt, ir.Undefined), value, ir.Constant(_I32, 0))
     return b.shuffle_vector(v, ir.Constant(vt, ir.Undefined),
-                            ir.Constant(ir.VectorType(_I32, LANES), [0] * lanes))
+                            ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
 
 
 def _const(value, ty=_I32):
@@ -122,7 +123,7 @@ def _row_block(b, args, dtype, nvec, first, last_rows):
     masks = [None] * nvec
     if last_rows is not None:
         lane = ir.Constant(ir.VectorType(_I32, LANES), list(range(LANES)))
-        limit_lanes = _splat(b, b.trunc(last_rows, _I32), LANES, _I32)
+        limit_lanes = _splat(b, b.trunc(last_rows, _I32), _I32)
         masks[-1] = b.icmp_signed("<", lane, limit_lanes)
     fn = cgutils.get_or_insert_function(
         b.module, ir.FunctionType(ir.VoidType(), [_I8P, _I32, _I32, _I32]), PREFETCH)
@@ -131,7 +132,7 @@ def _row_block(b, args, dtype, nvec, first, last_rows):
         b.store(_load_widened(b, b.gep(y, [b.add(first, _I64(q * LANES))]), DT_F32, masks[q]),
                 slots[q])
     with cgutils.for_range(b, k) as col:
-        xs = _splat(b, b.load(b.gep(x, [col.index])), LANES, _F32)
+        xs = _splat(b, b.load(b.gep(x, [col.index])), _F32)
         at = b.add(b.mul(col.index, cs), first)  # element (first, j) of W
         for line in range(0, LANES * nvec, per_line):
             i = b.add(b.add(at, ahead), _I64(line))
