@@ -10,19 +10,23 @@ PE goes on. The helper thread (`worker`, compiled nogil) claims published jobs i
 runs them. Before the PE executes anything that reads or writes its SRAM (scalar loads and
 stores, DMA, tensor and matrix ops: `touches_sram`), `settle` makes sure its job is done: it
 claims the job itself if the helper has not started it; if the helper is running it, the loop
-runs the next jobs nobody has started until it is done (in the gemv the loop used to spin there
-for millions of turns while the helper, bound by DRAM, fell behind). Only a PE's own
+runs the newest jobs nobody has started until it is done (in the gemv the loop used to spin
+there for millions of turns while the helper, bound by DRAM, fell behind; it took the oldest
+ones first until 2026-12-04, which made the two threads take every other tile). Only a PE's own
 instructions touch its SRAM, and a PE has at most one job outstanding, so every value read is
 the one the serial order gives: same bits, same cycles, whichever thread ran a product. The
 driver calls `drain` when the loop returns, so that outside the loop no job is outstanding
 (outputs, the undo log's replay and the next run see finished SRAM).
 
 Job states change by compare-and-swap (READY -> CLAIMED by either thread, CLAIMED -> DONE by
-the one that claimed it); a job's fields are written before it becomes READY and its SRAM
-before it becomes DONE, with sequentially consistent atomics (LLVM's, via llvmlite), so each
-thread sees the other's writes in order. A slot of the ring is reused only when its job is
-DONE (the loop settles an older one first). Without a helper (one CPU, strict order, timing-only
-or traced runs) MP_ASYNC is 0 and matrix_op computes at once, as before.
+the one that claimed it); a job's fields are written before it becomes READY (and before the
+head moves past it) and its SRAM before it becomes DONE, and those states are stored with
+release order and read with acquire order (LLVM's atomics, via llvmlite), so a thread that
+sees a state sees the writes made before it. That is all the protocol needs: no thread stores
+one variable and then relies on the order of its load of another, so sequential consistency
+(a full fence on every store) would only add cost. A slot of the ring is reused only when its
+job is DONE (the loop settles an older one first). Without a helper (one CPU, strict order,
+timing-only or traced runs) MP_ASYNC is 0 and matrix_op computes at once, as before.
 """
 
 from numba import njit, types
@@ -30,11 +34,15 @@ from numba.extending import intrinsic
 
 from emulator.core_exec import _read_mem, _write_mem
 from emulator.core_state import (
-    CT_HEAD, CT_HELPED, CT_STOLEN, CT_STOP, D_ADDR, D_CSTRIDE, D_DTYPE, J_BASE,
-    J_CLAIMED, J_DONE, J_FREE, J_KCOLS, J_MROWS, J_NCOLS, J_P, J_READY, J_SEM, J_SEQ,
-    J_STATE, J_TOTAL, P_PENDING, S_DMA, S_DMAWAIT, S_FLW, S_FSW, S_LW, S_MMA, S_MV, S_MVA, S_SW,
+    CT_HEAD, CT_HELPED, CT_STOLEN, CT_STOP, D_ADDR, D_CSTRIDE, D_DTYPE, D_STRIDE, J_BASE,
+    J_CLAIMED, J_DONE, J_FREE, J_KCOLS, J_MROWS, J_NCOLS, J_P, J_READY, J_SEM, J_SEQ, J_STATE,
+    J_TOTAL, P_PENDING, S_DMA, S_DMAWAIT, S_FLW, S_FSW, S_LW, S_MMA, S_MV, S_MVA, S_SW,
     S_TENSOR)
 from kernels import matrix
+from kernels.access import DT_F32
+from kernels.prefetch import prefetch, prefetch_write
+
+PREFETCH_WORDS = 8 * 32  # of a job's x and y, at most (8 lines, 512 bytes)
 
 
 def _element_ptr(context, builder, sig, args):
@@ -50,24 +58,28 @@ def _int64_array(arr, index):
 
 @intrinsic
 def atomic_load(typingctx, arr, index):
-    """arr.ravel()[index] (C-contiguous int64 array), a sequentially consistent atomic load."""
+    """arr.ravel()[index] (C-contiguous int64 array), an atomic load with acquire order: what
+    the thread that stored the value wrote before its release store is visible after it."""
     if not _int64_array(arr, index):
         return None
 
     def codegen(context, builder, sig, args):
-        return builder.load_atomic(_element_ptr(context, builder, sig, args), "seq_cst", 8)
+        return builder.load_atomic(_element_ptr(context, builder, sig, args), "acquire", 8)
     return types.int64(arr, index), codegen
 
 
 @intrinsic
 def atomic_store(typingctx, arr, index, value):
-    """arr.ravel()[index] = value, a sequentially consistent atomic store."""
+    """arr.ravel()[index] = value, an atomic store with release order (everything this thread
+    wrote before it is visible to a thread whose acquire load sees the value). Sequential
+    consistency would cost a full fence (x86's xchg), which waits for the line to come back
+    from the other core where the helper polls it; a release store is a plain store there."""
     if not _int64_array(arr, index) or not isinstance(value, types.Integer):
         return None
 
     def codegen(context, builder, sig, args):
         v = context.cast(builder, args[2], sig.args[2], types.int64)
-        builder.store_atomic(v, _element_ptr(context, builder, sig, args), "seq_cst", 8)
+        builder.store_atomic(v, _element_ptr(context, builder, sig, args), "release", 8)
         return context.get_dummy_value()
     return types.void(arr, index, value), codegen
 
@@ -86,6 +98,22 @@ def atomic_cas(typingctx, arr, index, expected, new):
                                "seq_cst")
         return builder.extract_value(pair, 1)
     return types.boolean(arr, index, expected, new), codegen
+
+
+@intrinsic
+def borrowed(typingctx, arr):
+    """A view of `arr` with no owner to reference-count (valid while the caller holds arr).
+
+    Numba reference-counts every array that enters a function it calls (an atomic increment
+    and decrement of the array's owner each): a loop that works on borrowed views pays none
+    of that (core_sched.run_slice, worker)."""
+    def codegen(context, builder, sig, args):
+        src = context.make_array(sig.args[0])(context, builder, args[0])
+        view = context.make_array(sig.return_type)(context, builder)
+        context.populate_array(view, data=src.data, shape=src.shape, strides=src.strides,
+                               itemsize=src.itemsize, meminfo=None, parent=None)
+        return view._getvalue()
+    return arr(arr), codegen
 
 
 @njit(cache=True, inline="always")
@@ -126,16 +154,16 @@ def _run_job(slot, jobs, jdsd, sram_f32, sram_u16, scratch):
 
 
 @njit(cache=True)
-def _run_next(q, head, jobs, jdsd, ctl, sram_f32, sram_u16, scratch):
-    """Run the first job of sequence q .. head - 1 that nobody has started, on the loop's
-    thread; the sequence number to look from next time."""
+def _run_newest(q, low, jobs, jdsd, ctl, sram_f32, sram_u16, scratch):
+    """Run the newest job of sequence low .. q - 1 that nobody has started, on the loop's
+    thread; the sequence number to look below next time (low when there is none left)."""
     ring = jobs.shape[0]
-    while q < head:
+    while q > low:
+        q -= 1
         slot = q % ring
-        q += 1
-        # a job of sequence q - 1 in its slot (not an older one the ring has passed)
-        if jobs[slot, J_SEQ] == q - 1 and atomic_cas(jobs, slot * jobs.shape[1] + J_STATE,
-                                                     J_READY, J_CLAIMED):
+        # a job of sequence q in its slot (not an older one the ring has passed)
+        if jobs[slot, J_SEQ] == q and atomic_cas(jobs, slot * jobs.shape[1] + J_STATE,
+                                                 J_READY, J_CLAIMED):
             _run_job(slot, jobs, jdsd, sram_f32, sram_u16, scratch)
             atomic_store(jobs, slot * jobs.shape[1] + J_STATE, J_DONE)
             ctl[CT_STOLEN] += 1
@@ -146,8 +174,8 @@ def _run_next(q, head, jobs, jdsd, ctl, sram_f32, sram_u16, scratch):
 @njit(cache=True, inline="always")
 def _finish_slot(slot, jobs, jdsd, ctl, sram_f32, sram_u16, scratch):
     """Make the job in `slot` done: run it here if nobody has claimed it; if the helper is
-    running it, run the next jobs nobody has started meanwhile instead of spinning (the PEs
-    that published them settle them soon after, in about the order they were published).
+    running it, run the newest jobs nobody has started meanwhile instead of spinning (their
+    PEs settle them later than the helper, which takes the oldest, would get to them).
     That part is a function of its own: inlined into the loop's step (through settle), its
     copy of the product made the whole loop 10-15 % slower, in programs with no product too."""
     flat = slot * jobs.shape[1] + J_STATE
@@ -156,10 +184,13 @@ def _finish_slot(slot, jobs, jdsd, ctl, sram_f32, sram_u16, scratch):
         atomic_store(jobs, flat, J_DONE)
         ctl[CT_STOLEN] += 1
         return
-    head = ctl[CT_HEAD]  # only the loop's thread publishes: no job appears meanwhile
-    q = jobs[slot, J_SEQ] + 1
+    # The newest jobs first: the helper takes them oldest first, so each thread streams
+    # its tiles in order from its own end instead of both taking every other tile (which
+    # made each one's look-ahead prefetch load the other's next tile).
+    q = ctl[CT_HEAD]  # only the loop's thread publishes: no job appears meanwhile
+    low = jobs[slot, J_SEQ] + 1
     while atomic_load(jobs, flat) == J_CLAIMED:
-        q = _run_next(q, head, jobs, jdsd, ctl, sram_f32, sram_u16, scratch)
+        q = _run_newest(q, low, jobs, jdsd, ctl, sram_f32, sram_u16, scratch)
 
 
 @njit(cache=True, inline="always")
@@ -206,18 +237,57 @@ def drain(pe, jobs, jdsd, ctl, sram_f32, sram_u16, scratch):
             atomic_store(jobs, slot * jobs.shape[1] + J_STATE, J_FREE)
 
 
+@njit(cache=True, inline="always")
+def _prefetch_ahead(cursor, head, jobs, jdsd, sram_u16):
+    """Start loading what the helper's next jobs read, while it runs the current one: the
+    ring row of job cursor + 1, and the x and y operands of job cursor (whose row was loaded
+    so one job ago). The loop's thread wrote all of these, so they sit in the other core's
+    cache (one line moved between the two vCPUs here takes ~165 ns, and a job reads about a
+    dozen); a hint only, whatever those jobs turn out to be."""
+    ring = jobs.shape[0]
+    cols = jobs.shape[1]
+    if cursor + 1 < head:
+        row = ((cursor + 1) % ring) * cols
+        for i in range(0, cols, 8):  # 8 int64 a 64-byte line
+            prefetch(jobs, row + i)
+    if cursor < head:
+        slot = cursor % ring
+        base = jobs[slot, J_BASE]
+        for r in (0, 2):  # y, x: their first PREFETCH_WORDS (or first line, if strided)
+            at = (base + jdsd[slot, r, D_ADDR]) >> 1
+            words = (jobs[slot, J_TOTAL] if r == 0 else jobs[slot, J_KCOLS]) * \
+                (2 if jdsd[slot, r, D_DTYPE] == DT_F32 else 1)
+            if jdsd[slot, r, D_STRIDE] != 1:
+                words = 1
+            end = min(at + min(words, PREFETCH_WORDS), sram_u16.shape[0])
+            if at < 0:
+                continue
+            while at < end:
+                if r == 0:
+                    prefetch_write(sram_u16, at)
+                else:
+                    prefetch(sram_u16, at)
+                at += 32  # 32 uint16 words a 64-byte line
+
+
 @njit(cache=True, nogil=True)
 def worker(jobs, jdsd, ctl, sram_f32, sram_u16, scratch):
     """The helper thread: run published jobs in order until ctl[CT_STOP] is set. Jobs larger
     than its scratch (the loop's has grown since) are left to the loop."""
+    # borrowed views (the driver holds the arrays): the NRT's atomic reference counts of
+    # every array a product passes on took ~13 % of this thread's time in the 4096 gemv
+    jobs, jdsd, ctl = borrowed(jobs), borrowed(jdsd), borrowed(ctl)
+    sram_f32, sram_u16, scratch = borrowed(sram_f32), borrowed(sram_u16), borrowed(scratch)
     ring = jobs.shape[0]
     cursor = 0
+    head = 0
     while True:
-        head = atomic_load(ctl, CT_HEAD)
-        if cursor >= head:
-            if atomic_load(ctl, CT_STOP) != 0:
-                return
-            continue
+        if cursor >= head:  # (the head's line moves between the threads: read it only here)
+            head = atomic_load(ctl, CT_HEAD)
+            if cursor >= head:
+                if atomic_load(ctl, CT_STOP) != 0:
+                    return
+                continue
         cursor = max(cursor, head - ring)
         slot = cursor % ring
         cursor += 1
@@ -226,7 +296,7 @@ def worker(jobs, jdsd, ctl, sram_f32, sram_u16, scratch):
             if max(jobs[slot, J_TOTAL], jobs[slot, J_KCOLS]) > scratch.shape[1]:
                 atomic_store(jobs, flat, J_READY)
                 continue
+            _prefetch_ahead(cursor, head, jobs, jdsd, sram_u16)
             _run_job(slot, jobs, jdsd, sram_f32, sram_u16, scratch)
             atomic_store(jobs, flat, J_DONE)
             ctl[CT_HELPED] += 1
-

@@ -33,39 +33,26 @@ _prefetch_operands); the heap prefetches the level below as it sifts down. That 
 
 import numpy as np
 from numba import njit
-from numba.extending import intrinsic
 
 from emulator.core_exec import (exec_desc, exec_dma, exec_dmawait, exec_float, exec_int, is_dma,
                                 is_fabric)
 from emulator.core_fabric import heap_pop_top, heap_push, heap_replace_top, still_first
-from emulator.core_jobs import settle, touches_sram
+from emulator.core_jobs import borrowed, settle, touches_sram
 from emulator.core_state import (
-    C_A, C_B, C_C, C_CLASS, C_COST, C_IH, C_IL, C_IMM, C_SEM, D_ADDR, D_KIND, K_CLASS0,
+    C_A, C_B, C_C, C_CLASS, C_COST, C_IH, C_IL, C_IMM, C_SEM, D_ADDR, D_COLOR, D_KIND, K_CLASS0,
     K_FAULT_PE, K_FAULT_REASON, K_HALTED, K_HEAP_N, K_INSTR_TOTAL, K_OUTCOME, MAX_KEY_BITS,
-    MP_MAX_CYCLES, MP_PE_BITS, MP_STRICT, MP_UNDO, P_BUSY, P_CLOCK, P_CODE0, P_CODELEN, P_FABRIC,
-    P_FAULT, P_INSTR, P_PC, P_PENDING, P_SRAM0, P_SRAM_LEN, P_STATUS, S_DESC, S_DMAWAIT,
-    S_FLOAT, S_FSW, S_MATRIX, S_SW, S_TENSOR, X_FAULT, X_GROW, X_OK, X_STOP)
+    MP_COLORS, MP_MAX_CYCLES, MP_PE_BITS, MP_STRICT, MP_UNDO, P_BUSY, P_CLOCK, P_CODE0,
+    P_CODELEN, P_FABRIC, P_FAULT, P_INSTR, P_PC, P_PENDING, P_SRAM0, P_SRAM_LEN, P_STATUS,
+    S_DESC, S_DMAWAIT, S_FLOAT, S_FSW, S_MATRIX, S_SW, S_TENSOR, X_FAULT, X_GROW, X_OK, X_STOP)
 from emulator.core_tensor import matrix_op, tensor_op
 from emulator.core_undo import undo_fits
 from emulator.result import (F_PC_END, RUN_DEADLOCK, RUN_FAULT, RUN_HALTED, RUN_MAX_CYCLES,
                              ST_FAULT, ST_HALT, ST_RUN)
-from isa.spec import DSD_MEM
+from isa.spec import DSD_FABIN, DSD_FABOUT, DSD_MEM
 from kernels.prefetch import prefetch
 
 R_DONE, R_CONTINUE, R_GROW, R_CLOCK_LIMIT = range(4)
 PREFETCH_LINES = 4  # of each SRAM operand of the next tensor op (see _prefetch_operands)
-
-
-@intrinsic
-def _borrowed(typingctx, arr):
-    """A view of `arr` with no owner to reference-count (valid while the caller holds arr)."""
-    def codegen(context, builder, sig, args):
-        src = context.make_array(sig.args[0])(context, builder, args[0])
-        view = context.make_array(sig.return_type)(context, builder)
-        context.populate_array(view, data=src.data, shape=src.shape, strides=src.strides,
-                               itemsize=src.itemsize, meminfo=None, parent=None)
-        return view._getvalue()
-    return arr(arr), codegen
 
 
 @njit(cache=True, inline="always")
@@ -162,22 +149,28 @@ def _prefetch_next(heap, heap_n, mask, pe, dsd):
 
 
 @njit(cache=True, inline="always")
-def _prefetch_operands(p, code, pe, dsd, sram_u16):
-    """Start loading the SRAM operands of PE p's next instruction, if it is a tensor op (up to
-    PREFETCH_LINES lines of each, from its first element): its rows are in cache by now (see
-    _prefetch_next), its SRAM operands often are not, and the op would only find them one
-    after another, after its checks and the undo log's copy. A hint only: registers that are
-    not descriptors here, or addresses outside the SRAM, are skipped or harmless."""
+def _prefetch_operands(p, code, pe, dsd, sram_u16, tree_of, queue, colors):
+    """Start loading what PE p's next instruction reads, if it is a tensor op: up to
+    PREFETCH_LINES lines of each SRAM operand (from its first element), the route row
+    (tree_of) of a fabric output and the input-queue row of a fabric input. Its pe and
+    descriptor rows are in cache by now (see _prefetch_next); those others often are not (on
+    the 4096-PE gemv a program's tables outgrow the last-level cache this VM lends a core),
+    and the op would only find them one after another, after its checks and the undo log's
+    copy. A hint only: registers that are not descriptors here, or addresses outside the
+    SRAM, are skipped or harmless."""
     pc = pe[p, P_PC]
     base = pe[p, P_SRAM0]
-    if pc >= pe[p, P_CODELEN] or base < 0:
+    if pc >= pe[p, P_CODELEN]:
         return
     at = pe[p, P_CODE0] + pc
     if code[at, C_SEM] < S_TENSOR:
         return
     limit = sram_u16.shape[0]
     for r in (code[at, C_A], code[at, C_B], code[at, C_C]):
-        if 0 <= r < dsd.shape[1] and dsd[p, r, D_KIND] == DSD_MEM:
+        if r < 0 or r >= dsd.shape[1]:
+            continue
+        kind = dsd[p, r, D_KIND]
+        if kind == DSD_MEM and base >= 0:
             w = (base + dsd[p, r, D_ADDR]) >> 1
             if w < 0:
                 continue
@@ -185,6 +178,13 @@ def _prefetch_operands(p, code, pe, dsd, sram_u16):
             while w < end:
                 prefetch(sram_u16, w)
                 w += 32
+        elif kind == DSD_FABOUT or kind == DSD_FABIN:
+            slot = p * colors + dsd[p, r, D_COLOR]
+            if 0 <= slot < queue.shape[0]:
+                if kind == DSD_FABOUT:
+                    prefetch(tree_of, slot * tree_of.shape[1])
+                else:
+                    prefetch(queue, slot * queue.shape[1])
 
 
 @njit(cache=True)
@@ -208,25 +208,26 @@ def run_slice(code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, unknown, 
     """Run until the end (R_DONE, outcome in counters), `budget` steps (R_CONTINUE) or a
     request to grow (R_GROW)."""
     # borrowed here, in the function that runs the loop, so LLVM sees they have no owner
-    code, pe, ireg, freg, dsd = (_borrowed(code), _borrowed(pe), _borrowed(ireg),
-                                 _borrowed(freg), _borrowed(dsd))
-    sram_f32, sram_u16, sram_i32 = _borrowed(sram_f32), _borrowed(sram_u16), _borrowed(sram_i32)
-    unknown = _borrowed(unknown)
-    undo, undo_data = _borrowed(undo), _borrowed(undo_data)
-    mp, classes, tree_of, tree, tree_tmp = (_borrowed(mp), _borrowed(classes), _borrowed(tree_of),
-                                            _borrowed(tree), _borrowed(tree_tmp))
-    queue, link, dl, msg, payload = (_borrowed(queue), _borrowed(link), _borrowed(dl),
-                                     _borrowed(msg), _borrowed(payload))
-    heap, wake, scratch, trace, counters = (_borrowed(heap), _borrowed(wake), _borrowed(scratch),
-                                            _borrowed(trace), _borrowed(counters))
-    hbm, hbm_ch, hbm_rate = _borrowed(hbm), _borrowed(hbm_ch), _borrowed(hbm_rate)
-    jobs, jdsd, ctl = _borrowed(jobs), _borrowed(jdsd), _borrowed(ctl)
+    code, pe, ireg, freg, dsd = (borrowed(code), borrowed(pe), borrowed(ireg),
+                                 borrowed(freg), borrowed(dsd))
+    sram_f32, sram_u16, sram_i32 = borrowed(sram_f32), borrowed(sram_u16), borrowed(sram_i32)
+    unknown = borrowed(unknown)
+    undo, undo_data = borrowed(undo), borrowed(undo_data)
+    mp, classes, tree_of, tree, tree_tmp = (borrowed(mp), borrowed(classes), borrowed(tree_of),
+                                            borrowed(tree), borrowed(tree_tmp))
+    queue, link, dl, msg, payload = (borrowed(queue), borrowed(link), borrowed(dl),
+                                     borrowed(msg), borrowed(payload))
+    heap, wake, scratch, trace, counters = (borrowed(heap), borrowed(wake), borrowed(scratch),
+                                            borrowed(trace), borrowed(counters))
+    hbm, hbm_ch, hbm_rate = borrowed(hbm), borrowed(hbm_ch), borrowed(hbm_rate)
+    jobs, jdsd, ctl = borrowed(jobs), borrowed(jdsd), borrowed(ctl)
     far = (hbm, hbm_ch, hbm_rate, jobs, jdsd, ctl)
     max_cycles = mp[MP_MAX_CYCLES]
     strict = mp[MP_STRICT] != 0
     bits = mp[MP_PE_BITS]
     mask = (np.int64(1) << bits) - 1
     clock_limit = (np.int64(1) << (MAX_KEY_BITS - bits)) - 1
+    colors = mp[MP_COLORS]
     heap_n = counters[K_HEAP_N]
     while True:
         if heap_n == 0:
@@ -234,7 +235,7 @@ def run_slice(code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, unknown, 
             return _finish(pe, counters)
         p = heap[0] & mask
         _prefetch_next(heap, heap_n, mask, pe, dsd)
-        _prefetch_operands(p, code, pe, dsd, sram_u16)
+        _prefetch_operands(p, code, pe, dsd, sram_u16, tree_of, queue, colors)
         if heap[0] >> bits > max_cycles:
             counters[K_HEAP_N] = heap_n
             counters[K_OUTCOME] = RUN_MAX_CYCLES

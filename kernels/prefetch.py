@@ -21,7 +21,7 @@ from numba.extending import intrinsic
 INTRINSIC = "llvm.prefetch." + ("p0" if llvm.llvm_version_info[0] >= 17 else "p0i8")
 
 
-def _make(locality):
+def _make(locality, write=0):
     def codegen(context, builder, sig, args):
         ary = context.make_array(sig.args[0])(context, builder, args[0])
         index = context.cast(builder, args[1], sig.args[1], types.intp)
@@ -30,8 +30,8 @@ def _make(locality):
         i32 = ir.IntType(32)
         fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
         fn = cgutils.get_or_insert_function(builder.module, fnty, INTRINSIC)
-        # read (0), temporal locality 0..3, data cache (1)
-        builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0),
+        # read (0) or write (1), temporal locality 0..3, data cache (1)
+        builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, write),
                           ir.Constant(i32, locality), ir.Constant(i32, 1)])
         return context.get_dummy_value()
     return codegen
@@ -44,3 +44,13 @@ def prefetch(typingctx, arr, index):
     if not isinstance(arr, types.Array) or not isinstance(index, types.Integer):
         return None
     return types.void(arr, index), _make(3)
+
+
+@intrinsic
+def prefetch_write(typingctx, arr, index):
+    """As prefetch, for an element that will be written soon: the line is loaded ready to be
+    modified (taken from another core's cache, where it would otherwise be moved on the
+    store)."""
+    if not isinstance(arr, types.Array) or not isinstance(index, types.Integer):
+        return None
+    return types.void(arr, index), _make(3, write=1)
