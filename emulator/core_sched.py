@@ -149,10 +149,11 @@ def _prefetch_next(heap, heap_n, mask, pe, dsd):
 
 
 @njit(cache=True, inline="always")
-def _prefetch_operands(p, code, pe, dsd, sram_u16, tree_of, queue, colors):
+def _prefetch_operands(p, code, pe, dsd, sram_u16, tree_of, queue, colors, jobs):
     """Start loading what PE p's next instruction reads, if it is a tensor op: up to
     PREFETCH_LINES lines of each SRAM operand (from its first element), the route row
-    (tree_of) of a fabric output and the input-queue row of a fabric input. Its pe and
+    (tree_of) of a fabric output, the input-queue row of a fabric input, and the ring row of
+    its outstanding tile product (which the helper thread's core holds). Its pe and
     descriptor rows are in cache by now (see _prefetch_next); those others often are not (on
     the 4096-PE gemv a program's tables outgrow the last-level cache this VM lends a core),
     and the op would only find them one after another, after its checks and the undo log's
@@ -165,6 +166,8 @@ def _prefetch_operands(p, code, pe, dsd, sram_u16, tree_of, queue, colors):
     at = pe[p, P_CODE0] + pc
     if code[at, C_SEM] < S_TENSOR:
         return
+    if pe[p, P_PENDING] != 0:  # its product's state, which settle reads first (core_jobs)
+        prefetch(jobs, ((pe[p, P_PENDING] - 1) % jobs.shape[0]) * jobs.shape[1])
     limit = sram_u16.shape[0]
     for r in (code[at, C_A], code[at, C_B], code[at, C_C]):
         if r < 0 or r >= dsd.shape[1]:
@@ -235,7 +238,7 @@ def run_slice(code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, unknown, 
             return _finish(pe, counters)
         p = heap[0] & mask
         _prefetch_next(heap, heap_n, mask, pe, dsd)
-        _prefetch_operands(p, code, pe, dsd, sram_u16, tree_of, queue, colors)
+        _prefetch_operands(p, code, pe, dsd, sram_u16, tree_of, queue, colors, jobs)
         if heap[0] >> bits > max_cycles:
             counters[K_HEAP_N] = heap_n
             counters[K_OUTCOME] = RUN_MAX_CYCLES
