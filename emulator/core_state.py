@@ -262,6 +262,28 @@ def decode_table(loaded: Loaded) -> np.ndarray:
     return code
 
 
+def send_hints(loaded: Loaded, dest: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """Per PE, the (PE, color) slot of its first route tree (by color) and the input-queue slot
+    of that tree's first receiving PE, -1 where there is none: what the scheduler prefetches
+    for the PE it will most likely run next (core_sched._prefetch_next), as a PE's fabric
+    output usually goes out on that tree. int32, 8 bytes a PE, so the table stays in cache."""
+    hint = np.full((loaded.n_pes, 2), -1, dtype=np.int32)
+    if not len(slots):
+        return hint
+    colors = loaded.colors
+    pes, first = np.unique(slots // colors, return_index=True)  # slots are sorted
+    chosen = slots[first]
+    hint[pes, 0] = chosen
+    # the first entry at or after each tree entry that delivers to a PE
+    at = np.where(dest >= 0, np.arange(len(dest)), len(dest))
+    nearest = np.append(np.minimum.accumulate(at[::-1])[::-1], len(dest))
+    start = loaded.tree_start[chosen].astype(np.int64)
+    entry = nearest[start]
+    ok = entry < start + loaded.tree_count[chosen]
+    hint[pes[ok], 1] = dest[entry[ok]] * colors + chosen[ok] % colors
+    return hint
+
+
 class Static:
     """What every run of a Loaded shares (built once per Loaded, see `static`): the tables no
     run changes, and the run's buffers, which a new run re-initialises in place. Fresh memory
@@ -293,6 +315,7 @@ class Static:
                                             np.repeat(np.cumsum(count) - count, count))
         to = dest[entry]
         self.queue_slots = np.unique((to * colors + np.repeat(slots % colors, count))[to >= 0])
+        self.send_hint = send_hints(loaded, dest, slots)
         # the columns of the pe table a run starts from (the others start at 0)
         self.pe_start = np.stack([loaded.pe_code_start, loaded.pe_code_len, loaded.sram_base,
                                   loaded.sram_len]).astype(np.int64)
@@ -342,6 +365,7 @@ class State:
         self.loaded = loaded
         self.code, self.classes = fixed.code, fixed.classes
         self.tree_of, self.tree = fixed.tree_of, fixed.tree
+        self.send_hint = fixed.send_hint
         self.tree_tmp = fixed.buffer("tree_tmp", (fixed.tree_width, 2), np.int64)
         self.pe = fixed.buffer("pe", (n, N_PE_COLS), np.int64)
         _reset_pe(self.pe, fixed.pe_start)
@@ -444,7 +468,8 @@ class State:
                 self.sram_i32, self.unknown, self.undo, self.undo_data, self.mp, self.classes,
                 self.tree_of, self.tree, self.tree_tmp, self.queue, self.link, self.dl, self.msg,
                 self.payload, self.heap, self.wake, self.scratch, self.trace, self.counters,
-                self.hbm, self.hbm_ch, self.hbm_rate, self.jobs, self.jdsd, self.ctl)
+                self.hbm, self.hbm_ch, self.hbm_rate, self.jobs, self.jdsd, self.ctl,
+                self.send_hint)
 
 
 def new_ring(slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -346,3 +346,30 @@ def test_a_run_cut_short_with_wavelets_queued_leaves_nothing_for_the_next():
     assert not State(ld, None, False, False, 0).queue.any()
     want_ld = fresh()
     same_run(Run(ld, core.run(ld)), Run(want_ld, reference_run(want_ld)))
+
+
+def test_send_hints_name_each_pes_first_route_and_its_first_receiver():
+    """The scheduler prefetches, for the PE it will most likely run next, the row of its first
+    route (by color) and the queue and status of that route's first receiving PE. In a 3 x 3
+    gemv, row 0 multicasts x down its column on color 0 (first receiver: the PE below), the
+    other rows send their partial sums east on colors 1 and 2, and the last column of rows
+    1 and 2 sends nothing."""
+    ld = load(build("gemv", {"W": np.ones((6, 6), np.float32)}, M=6, K=6, P=3, Q=3),
+              load_machine("wse3"))
+    hint = static(ld).send_hint
+    colors = ld.colors
+    want = {}
+    for y in range(3):
+        for x in range(3):
+            if y == 0:
+                want[x] = (x, 0, x + 3)
+            elif x < 2:
+                want[y * 3 + x] = (y * 3 + x, 1 + x % 2, y * 3 + x + 1)
+            else:
+                want[y * 3 + x] = None
+    for p, w in want.items():
+        if w is None:
+            assert tuple(hint[p]) == (-1, -1), p
+        else:
+            src, color, to = w
+            assert tuple(hint[p]) == (src * colors + color, to * colors + color), p
