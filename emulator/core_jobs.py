@@ -40,7 +40,7 @@ from emulator.core_state import (
     S_TENSOR)
 from kernels import matrix
 from kernels.access import DT_F32
-from kernels.prefetch import prefetch, prefetch_write
+from kernels.prefetch import prefetch_span, prefetch_write
 
 PREFETCH_WORDS = 8 * 32  # of a job's x and y, at most (8 lines, 512 bytes)
 
@@ -229,12 +229,10 @@ def publish(p, dsd, y, w, x, sem, base, m_rows, k_cols, n_cols, total, pe, jobs,
     atomic_store(jobs, slot * jobs.shape[1] + J_STATE, J_READY)
     atomic_store(ctl, CT_HEAD, seq + 1)
     pe[p, P_PENDING] = seq + 1
-    # the next job's row, for writing: its last job's state, which the next publish reads
-    # first, and its fields were last written by the helper's core (it would wait ~165 ns here
-    # for the line to come over, on every product)
-    row = ((seq + 1) % jobs.shape[0]) * jobs.shape[1]
-    for i in range(0, jobs.shape[1], 8):  # 8 int64 a 64-byte line
-        prefetch_write(jobs, row + i)
+    # the next slot's row, for writing: its last job's state, which the next publish reads
+    # first, was written on the helper's core, and that job's fields were read there (the
+    # next publish would wait ~165 ns for each line to come over, on every product)
+    prefetch_span(jobs, ((seq + 1) % jobs.shape[0]) * jobs.shape[1], jobs.shape[1], True)
 
 
 @njit(cache=True, nogil=True)
@@ -259,26 +257,17 @@ def _prefetch_ahead(cursor, head, jobs, jdsd, sram_u16):
     if cursor + 1 < head:
         row = ((cursor + 1) % ring) * cols
         prefetch_write(jobs, row + J_STATE)  # (to be claimed: a compare-and-swap)
-        for i in range(8, cols, 8):  # 8 int64 a 64-byte line
-            prefetch(jobs, row + i)
+        prefetch_span(jobs, row + 8, cols - 8, False)  # (8 int64 a 64-byte line)
     if cursor < head:
         slot = cursor % ring
         base = jobs[slot, J_BASE]
-        for r in (0, 2):  # y, x: their first PREFETCH_WORDS (or first line, if strided)
-            at = (base + jdsd[slot, r, D_ADDR]) >> 1
+        for r in (0, 2):  # y (to be written), x: their first PREFETCH_WORDS, or first element
             words = (jobs[slot, J_TOTAL] if r == 0 else jobs[slot, J_KCOLS]) * \
                 (2 if jdsd[slot, r, D_DTYPE] == DT_F32 else 1)
             if jdsd[slot, r, D_STRIDE] != 1:
                 words = 1
-            end = min(at + min(words, PREFETCH_WORDS), sram_u16.shape[0])
-            if at < 0:
-                continue
-            while at < end:
-                if r == 0:
-                    prefetch_write(sram_u16, at)
-                else:
-                    prefetch(sram_u16, at)
-                at += 32  # 32 uint16 words a 64-byte line
+            prefetch_span(sram_u16, (base + jdsd[slot, r, D_ADDR]) >> 1,
+                          min(words, PREFETCH_WORDS), r == 0)
 
 
 @njit(cache=True, nogil=True)

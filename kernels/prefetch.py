@@ -5,13 +5,14 @@ llvm.prefetch: read, data cache). It is only a hint: it never faults, changes no
 no result, and compiles to nothing on a target without prefetch instructions; an index past the
 end is harmless but wasted, so callers clamp it. Used where the emulator walks data the hardware
 prefetcher picks up too late: the scheduler's next PE's rows of the per-PE tables (core_sched),
-which a large mesh keeps in DRAM. (The tile products' column loop, kernels.columns, emits the
-same intrinsic from its own IR.)
+which a large mesh keeps in DRAM, and the lines the loop and the helper thread hand each other
+(core_jobs), which sit in the other core's cache. `prefetch_span` covers a run of elements.
+(The tile products' column loop, kernels.columns, emits the same intrinsic from its own IR.)
 """
 
 from llvmlite import binding as llvm
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -37,13 +38,17 @@ def _make(locality, write=0):
     return codegen
 
 
+def _typed(arr, index, codegen):
+    if not isinstance(arr, types.Array) or not isinstance(index, types.Integer):
+        return None
+    return types.void(arr, index), codegen
+
+
 @intrinsic
 def prefetch(typingctx, arr, index):
     """Hint that the element at flat index `index` of C-contiguous `arr` (arr.ravel()[index],
     in range) will be read soon, and kept (all cache levels)."""
-    if not isinstance(arr, types.Array) or not isinstance(index, types.Integer):
-        return None
-    return types.void(arr, index), _make(3)
+    return _typed(arr, index, _make(3))
 
 
 @intrinsic
@@ -51,6 +56,24 @@ def prefetch_write(typingctx, arr, index):
     """As prefetch, for an element that will be written soon: the line is loaded ready to be
     modified (taken from another core's cache, where it would otherwise be moved on the
     store)."""
-    if not isinstance(arr, types.Array) or not isinstance(index, types.Integer):
-        return None
-    return types.void(arr, index), _make(3, write=1)
+    return _typed(arr, index, _make(3, write=1))
+
+
+@njit(cache=True, inline="always")
+def prefetch_span(arr, first, count, write):
+    """prefetch (or, with `write`, prefetch_write) every 64-byte line that holds the elements
+    first .. first + count - 1 of C-contiguous `arr` (flat indices; the part outside arr is
+    skipped)."""
+    end = min(first + count, arr.size)
+    i = max(first, 0)
+    if i >= end:
+        return
+    step = max(1, 64 // arr.itemsize)
+    while True:
+        if write:
+            prefetch_write(arr, i)
+        else:
+            prefetch(arr, i)
+        if i >= end - 1:
+            return
+        i = min(i + step, end - 1)  # (the last element too: a span need not start a line)
