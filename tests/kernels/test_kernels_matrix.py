@@ -46,7 +46,8 @@ def setup(seed, m, k, dtype, cstride, pe=1, addr=256):
 
 
 @pytest.mark.parametrize("dtype", [F32, F16, BF16])
-# m covers each path of kernels.columns: 64-row register blocks, 16-row blocks, single rows
+# m covers each path of kernels.columns: 64-row register blocks, then a masked tail pass of 1,
+# 2, 3 or 4 vectors (m % 64 = 1-16, 17-32, 33-48, 49-63 rows), and none when m % 64 == 0
 @pytest.mark.parametrize("m,k", [(1, 1), (3, 7), (8, 8), (13, 9), (5, 17), (64, 64), (33, 70),
                                  (100, 5), (147, 3), (128, 17), (63, 4)])
 def test_mv_is_bit_exact_with_sequential_fp32(m, k, dtype):
