@@ -29,7 +29,7 @@ def test_asm_writes_the_binary_and_says_so_on_stderr(gemv_bar):
     asm = gemv_bar["asm"]
     assert asm.code == 0, asm.stderr
     assert asm.stdout == ""
-    assert asm.stderr.strip() == "wrote g.bin: 1 regions, 64 PEs"
+    assert asm.stderr.strip() == "wrote g.bin: 16 regions, 64 PEs"  # row 0, rows 1-7 per column
     assert gemv_bar["bin"].read_bytes()[:8] == b"WSEPROG\0"
 
 
@@ -145,12 +145,17 @@ def test_text_report_shows_the_same_numbers(bar_run, wse):
 def test_info_describes_the_binary(gemv_bar, wse):
     info = wse("info", "g.bin", cwd=gemv_bar["root"])
     assert info.code == 0, info.stderr
-    assert info.stdout.startswith("program 'gemv': 1 region(s), 64 PEs used, bounding box 8 x 8, "
-                                  "3 color(s)")
+    # two regions a column: row 0 (gemv_0_c) and rows 1-7 (gemv_1_c)
+    assert info.stdout.startswith("program 'gemv': 16 region(s), 64 PEs used, bounding box 8 x "
+                                  "8, 3 color(s)")
     assert "params: M=512, K=512, P=8, Q=8, DT=f32" in info.stdout
-    row = next(line.split() for line in info.stdout.splitlines()
-               if line.strip().startswith("gemv "))
-    instructions, sram = int(row[-2]), int(row[-1].replace(",", ""))
-    # code, then the W tile, the x piece, the partial sum and y (allocs 8-byte aligned)
-    assert sram == 8 * instructions + 4 * (MT * KT + KT + MT + MT)
+    rows = {line.split()[0]: line.split() for line in info.stdout.splitlines()
+            if line.strip().startswith("gemv_")}
+    assert sorted(rows) == sorted(f"gemv_{h}_{c}" for h in (0, 1) for c in range(8))
+    assert rows["gemv_0_3"][1:6] == ["(3,", "0,", "1", "x", "1)"]
+    assert rows["gemv_1_3"][1:7] == ["(3,", "1,", "1", "x", "7)", "7"]
+    for name, y in (("gemv_1_0", 0), ("gemv_1_7", MT)):  # only column 7 holds y
+        instructions, sram = int(rows[name][-2]), int(rows[name][-1].replace(",", ""))
+        # code, then the W tile, the x piece, the partial sum (and y): allocs 8-byte aligned
+        assert sram == 8 * instructions + 4 * (MT * KT + KT + MT) + 4 * y
     assert "(512, 512)" in info.stdout and "1,048,576" in info.stdout

@@ -90,12 +90,13 @@ def test_tile_too_big_for_sram_names_the_pe_and_the_overflow(gemv_wsa, tmp_path,
               "--data", "W=W.npy", "-o", "fat.bin", cwd=tmp_path)
     assert asm.code == 0, asm.stderr
     line = refused(wse("run", "fat.bin", "--input", "x=x.npy", *OUTPUTS, cwd=tmp_path),
-                   tmp_path, user_error, "PE (0,0) of region 'gemv'", "machine 'wse3' has 49152")
+                   tmp_path, user_error, "PE (0,0) of region 'gemv_0_0'",
+                   "machine 'wse3' has 49152")
     match = re.search(r"needs (\d+) bytes of SRAM \(code (\d+), data and buffers (\d+)\).* "
                       r"over by (\d+)$", line)
     assert match, line
     need, code, data, over = map(int, match.groups())
-    assert code % 8 == 0 and data == 4 * (t * t + 3 * t)  # W tile, x piece, partial sum, y
+    assert code % 8 == 0 and data == 4 * (t * t + 2 * t)  # W tile, x piece, partial sum
     assert need == code + data and over == need - 49152
 
 

@@ -358,15 +358,17 @@ def test_send_hints_name_each_pes_first_route_and_its_first_receiver():
               load_machine("wse3"))
     hint = static(ld).send_hint
     colors = ld.colors
+    index = {(int(x), int(y)): p for p, (x, y) in enumerate(zip(ld.pe_x, ld.pe_y))}
     want = {}
     for y in range(3):
         for x in range(3):
             if y == 0:
-                want[x] = (x, 0, x + 3)
+                want[index[x, y]] = (index[x, y], 0, index[x, 1])
             elif x < 2:
-                want[y * 3 + x] = (y * 3 + x, 1 + x % 2, y * 3 + x + 1)
+                want[index[x, y]] = (index[x, y], 1 + x % 2, index[x + 1, y])
             else:
-                want[y * 3 + x] = None
+                want[index[x, y]] = None
+    assert len(want) == 9
     for p, w in want.items():
         if w is None:
             assert tuple(hint[p]) == (-1, -1), p
