@@ -157,13 +157,16 @@ def disasm(binary, outdir):
 
 @main.command()
 @click.argument("binary", type=click.Path(dir_okay=False))
+@click.option("--all", "all_regions", is_flag=True,
+              help="List every region (by default the first 24, then a count of the rest).")
 @user_errors
-def info(binary):
+def info(binary, all_regions):
     """Describe BINARY: regions, PEs, SRAM use, colors, symbols."""
     from isa.binfmt import read_program
     from isa.info import describe
 
-    click.echo(describe(read_program(binary)))
+    program = read_program(binary)
+    click.echo(describe(program, max_regions=None) if all_regions else describe(program))
 
 
 def progress_printer():

@@ -80,9 +80,14 @@ def _hbm_lines(program: Program) -> list[str]:
     return lines + _table(rows)
 
 
-def describe(program: Program) -> str:
+REGION_ROWS = 24  # regions describe lists by default; the rest are counted on one line
+
+
+def describe(program: Program, max_regions: int | None = REGION_ROWS) -> str:
     """A human-readable summary of the program: regions, routes, tensors, symbols, params, and
-    the HBM footprint with its buffers."""
+    the HBM footprint with its buffers. Past `max_regions` regions (None: no limit) one line
+    counts the rest, so that a program with a region per column (the gemv on 256 x 256 PEs
+    has 512) still reads as a summary."""
     box = program.bounding_box()
     pes = sum(r.rect.size for r in program.regions)
     lines = [f"program {program.name!r}: {len(program.regions)} region(s), {pes} PEs used, "
@@ -92,10 +97,15 @@ def describe(program: Program) -> str:
         lines.append("params: " + ", ".join(f"{k}={v}" for k, v in program.params))
     lines.append("regions:")
     rows = [["name", "rect (x, y, w x h)", "PEs", "instructions", "SRAM bytes"]]
-    for r, sram in zip(program.regions, program.regions_sram_bytes()):
+    shown = program.regions if max_regions is None else program.regions[:max_regions]
+    for r, sram in zip(shown, program.regions_sram_bytes()):
         rows.append([r.name, f"({r.rect.x}, {r.rect.y}, {r.rect.w} x {r.rect.h})",
                      str(r.rect.size), str(len(r.code)), f"{sram:,}"])
     lines += _table(rows)
+    rest = program.regions[len(shown):]
+    if rest:
+        lines.append(f"  ... {len(rest)} more region(s), {sum(r.rect.size for r in rest):,} "
+                     f"PEs (--all lists every region)")
     if program.routes:
         colors = sorted({rule.color for rule in program.routes})
         lines.append(f"routes: {len(program.routes)} rule(s) on color(s) "

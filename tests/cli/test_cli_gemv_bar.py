@@ -145,6 +145,8 @@ def test_text_report_shows_the_same_numbers(bar_run, wse):
 def test_info_describes_the_binary(gemv_bar, wse):
     info = wse("info", "g.bin", cwd=gemv_bar["root"])
     assert info.code == 0, info.stderr
+    # 16 regions list whole: --all changes nothing (tests/isa/test_isa_info.py: the limit)
+    assert wse("info", "--all", "g.bin", cwd=gemv_bar["root"]).stdout == info.stdout
     # two regions a column: row 0 (gemv_0_c) and rows 1-7 (gemv_1_c)
     assert info.stdout.startswith("program 'gemv': 16 region(s), 64 PEs used, bounding box 8 x "
                                   "8, 3 color(s)")

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 
 from isa.asm import assemble, assemble_file
-from isa.info import describe, program_colors, region_sram_bytes
+from isa.info import REGION_ROWS, describe, program_colors, region_sram_bytes
 
 GEMV = Path(__file__).parent / "data" / "gemv.wsa"
 
@@ -73,3 +73,22 @@ def test_long_metadata_is_summarised_on_one_line():
 
     meta = {"dtype": "bf16", "stages": [{"name": f"s{i}"} for i in range(227)], "shape": [2, 3]}
     assert _brief(meta) == "{dtype='bf16', shape=[2, 3], stages=[227 entries]}"
+
+
+def test_describe_counts_the_regions_past_its_limit():
+    """A program with a region per column (32 here) lists the first REGION_ROWS, then one line
+    for the rest; max_regions=None lists them all."""
+    src = "".join(f".region c{i}, {i}, 0, 1, {1 + i % 3}\n    halt\n.endregion\n" for i in range(32))
+    program = assemble(src)
+    short, full = describe(program).splitlines(), describe(program, None).splitlines()
+    names = [line.split()[0] for line in short if line.startswith("  c")]
+    assert names == [f"c{i}" for i in range(REGION_ROWS)]
+    rest = range(REGION_ROWS, 32)
+    pes = sum(1 + i % 3 for i in rest)
+    assert f"  ... {len(rest)} more region(s), {pes} PEs (--all lists every region)" in short
+    assert [line.split()[0] for line in full if line.startswith("  c")] == \
+        [f"c{i}" for i in range(32)]
+    assert not any("more region(s)" in line for line in full)
+    assert short[0] == full[0]  # the header counts all 32 either way
+    total = sum(1 + i % 3 for i in range(32))
+    assert short[0].startswith(f"program 'program': 32 region(s), {total} PEs used")
