@@ -39,9 +39,10 @@ from emulator.core_exec import (exec_desc, exec_dma, exec_dmawait, exec_float, e
 from emulator.core_fabric import heap_pop_top, heap_push, heap_replace_top, still_first
 from emulator.core_jobs import borrowed, settle, touches_sram
 from emulator.core_state import (
-    C_A, C_B, C_C, C_CLASS, C_COST, C_IH, C_IL, C_IMM, C_SEM, D_ADDR, D_COLOR, D_KIND, K_CLASS0,
-    K_FAULT_PE, K_FAULT_REASON, K_HALTED, K_HEAP_N, K_INSTR_TOTAL, K_OUTCOME, MAX_KEY_BITS,
-    MP_COLORS, MP_MAX_CYCLES, MP_PE_BITS, MP_STRICT, MP_UNDO, P_BUSY, P_CLOCK, P_CODE0,
+    C_A, C_B, C_C, C_CLASS, C_COST, C_IH, C_IL, C_IMM, C_SEM, CT_SEEN, D_ADDR, D_COLOR, D_KIND,
+    K_CLASS0, K_FAULT_PE, K_FAULT_REASON, K_HALTED, K_HEAP_N, K_INSTR_TOTAL, K_OUTCOME,
+    MAX_KEY_BITS, MP_COLORS, MP_MAX_CYCLES, MP_PE_BITS, MP_STRICT, MP_UNDO, P_BUSY, P_CLOCK,
+    P_CODE0,
     P_CODELEN, P_FABRIC, P_FAULT, P_INSTR, P_PC, P_PENDING, P_SRAM0, P_SRAM_LEN, P_STATUS,
     S_DESC, S_DMAWAIT, S_FLOAT, S_FSW, S_MATRIX, S_SW, S_TENSOR, X_FAULT, X_GROW, X_OK, X_STOP)
 from emulator.core_tensor import matrix_op, tensor_op
@@ -161,7 +162,7 @@ def _prefetch_next(heap, heap_n, mask, pe, dsd, send_hint, tree_of, queue, color
 
 
 @njit(cache=True, inline="always")
-def _prefetch_operands(p, code, pe, dsd, sram_u16, tree_of, queue, colors, jobs):
+def _prefetch_operands(p, code, pe, dsd, sram_u16, tree_of, queue, colors, jobs, ctl):
     """Start loading what PE p's next instruction reads, if it is a tensor op: up to
     PREFETCH_LINES lines of each SRAM operand (from its first element), the route row
     (tree_of) of a fabric output, the input-queue row of a fabric input, and the ring row of
@@ -178,7 +179,9 @@ def _prefetch_operands(p, code, pe, dsd, sram_u16, tree_of, queue, colors, jobs)
     at = pe[p, P_CODE0] + pc
     if code[at, C_SEM] < S_TENSOR:
         return
-    if pe[p, P_PENDING] != 0:  # its product's state, which settle reads first (core_jobs)
+    # its product's state, which settle reads unless the helper's progress, as the loop last
+    # read it, covers that product (core_jobs)
+    if pe[p, P_PENDING] != 0 and pe[p, P_PENDING] - 1 >= ctl[CT_SEEN]:
         prefetch(jobs, ((pe[p, P_PENDING] - 1) % jobs.shape[0]) * jobs.shape[1])
     limit = sram_u16.shape[0]
     for r in (code[at, C_A], code[at, C_B], code[at, C_C]):
@@ -252,7 +255,7 @@ def run_slice(code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, unknown, 
             return _finish(pe, counters)
         p = heap[0] & mask
         _prefetch_next(heap, heap_n, mask, pe, dsd, send_hint, tree_of, queue, colors)
-        _prefetch_operands(p, code, pe, dsd, sram_u16, tree_of, queue, colors, jobs)
+        _prefetch_operands(p, code, pe, dsd, sram_u16, tree_of, queue, colors, jobs, ctl)
         if heap[0] >> bits > max_cycles:
             counters[K_HEAP_N] = heap_n
             counters[K_OUTCOME] = RUN_MAX_CYCLES

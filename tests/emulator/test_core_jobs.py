@@ -12,8 +12,9 @@ from numba import njit
 from emulator import core
 from emulator.core_jobs import _run_job, atomic_load, atomic_store
 from emulator.core_sched import R_DONE, R_GROW, run_slice
-from emulator.core_state import (CT_HEAD, CT_HELPED, CT_STOLEN, J_CLAIMED, J_DONE, J_FREE,
-                                 J_READY, J_STATE, MP_ASYNC, P_PENDING, State, new_ring)
+from emulator.core_state import (CT_DONE, CT_HEAD, CT_HELPED, CT_SEEN, CT_STOLEN, J_CLAIMED,
+                                 J_DONE, J_FREE, J_READY, J_STATE, MP_ASYNC, P_PENDING, State,
+                                 new_ring)
 from emulator.load import load, read_output, write_input
 from emulator.machine import load_machine
 from emulator.reference import run as reference_run
@@ -166,6 +167,37 @@ def test_the_helper_runs_products_and_leaves_none_outstanding():
     ctl = state.ctl
     assert ctl[CT_HEAD] == 64 and ctl[CT_HELPED] + ctl[CT_STOLEN] == 64
     assert state.mp[MP_ASYNC] == 0 and (state.pe[:, P_PENDING] == 0).all()
+    np.testing.assert_allclose(read_output(ld, "y"), w @ x, rtol=1e-4, atol=1e-4)
+
+
+def test_products_the_helper_leaves_to_the_loop_hold_its_progress_word_back():
+    """The helper publishes its progress (CT_DONE: every job numbered below is done), which
+    lets a PE settle without reading its job's state. A job too large for the helper's
+    scratch is left to the loop, and the word must not pass it: here every job is too large,
+    so the word stays 0, the loop runs all 64 products itself, and the run equals the serial
+    one."""
+    ld, w, x = gemv_loaded(512, 512, 8, 8)
+    state = State(ld, None, False, False, 0)
+    state.fixed.buffers["helper_scratch"] = np.zeros((4, 1), np.float32)  # 1 element
+    core._drive(state, None, True)
+    ctl = state.ctl
+    assert ctl[CT_HEAD] == 64 and ctl[CT_STOLEN] == 64 and ctl[CT_HELPED] == 0
+    assert ctl[CT_DONE] == 0
+    serial_ld, _, _ = gemv_loaded(512, 512, 8, 8)
+    same_run(Run(ld, core._result(state, None)), Run(serial_ld, core.run(serial_ld, helper=False)))
+    np.testing.assert_allclose(read_output(ld, "y"), w @ x, rtol=1e-4, atol=1e-4)
+
+
+def test_the_helper_s_progress_word_ends_at_the_last_product():
+    """The helper goes through every published job before it stops (running it, or passing
+    one the loop took), so at the end of a run its progress word counts them all; the loop's
+    copy is a value the helper wrote."""
+    ld, w, x = gemv_loaded(512, 512, 8, 8)
+    state = State(ld, None, False, False, 0)
+    core._drive(state, None, True)
+    ctl = state.ctl
+    assert ctl[CT_DONE] == ctl[CT_HEAD] == 64
+    assert 0 <= ctl[CT_SEEN] <= ctl[CT_DONE]
     np.testing.assert_allclose(read_output(ld, "y"), w @ x, rtol=1e-4, atol=1e-4)
 
 
