@@ -10,11 +10,11 @@ import pytest
 from numba import njit
 
 from emulator import core
-from emulator.core_jobs import _run_job, atomic_load, atomic_store
+from emulator.core_jobs import _run_job, atomic_load, atomic_store, worker
 from emulator.core_sched import R_DONE, R_GROW, run_slice
-from emulator.core_state import (CT_DONE, CT_HEAD, CT_HELPED, CT_SEEN, CT_STOLEN, J_CLAIMED,
-                                 J_DONE, J_FREE, J_READY, J_STATE, MP_ASYNC, P_PENDING, State,
-                                 new_ring)
+from emulator.core_state import (CT_DONE, CT_HEAD, CT_HELPED, CT_SEEN, CT_STOLEN, CT_STOP,
+                                 J_CLAIMED, J_DONE, J_FREE, J_READY, J_SEQ, J_STATE, J_TOTAL,
+                                 MP_ASYNC, P_PENDING, State, new_ring)
 from emulator.load import load, read_output, write_input
 from emulator.machine import load_machine
 from emulator.reference import run as reference_run
@@ -170,22 +170,44 @@ def test_the_helper_runs_products_and_leaves_none_outstanding():
     np.testing.assert_allclose(read_output(ld, "y"), w @ x, rtol=1e-4, atol=1e-4)
 
 
-def test_products_the_helper_leaves_to_the_loop_hold_its_progress_word_back():
-    """The helper publishes its progress (CT_DONE: every job numbered below is done), which
-    lets a PE settle without reading its job's state. A job too large for the helper's
-    scratch is left to the loop, and the word must not pass it: here every job is too large,
-    so the word stays 0, the loop runs all 64 products itself, and the run equals the serial
-    one."""
+def test_products_the_helper_leaves_to_the_loop_are_run_by_the_loop():
+    """With a scratch too small for any product, the helper leaves every job to the loop
+    (its progress word then stops at the first one it left, test below): the loop runs all
+    64 itself, and the run equals the serial one."""
     ld, w, x = gemv_loaded(512, 512, 8, 8)
     state = State(ld, None, False, False, 0)
     state.fixed.buffers["helper_scratch"] = np.zeros((4, 1), np.float32)  # 1 element
     core._drive(state, None, True)
     ctl = state.ctl
     assert ctl[CT_HEAD] == 64 and ctl[CT_STOLEN] == 64 and ctl[CT_HELPED] == 0
-    assert ctl[CT_DONE] == 0
+    assert 0 <= ctl[CT_SEEN] <= ctl[CT_DONE] <= 64
     serial_ld, _, _ = gemv_loaded(512, 512, 8, 8)
     same_run(Run(ld, core._result(state, None)), Run(serial_ld, core.run(serial_ld, helper=False)))
     np.testing.assert_allclose(read_output(ld, "y"), w @ x, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("states,want", [
+    ([J_DONE, J_CLAIMED, J_DONE, J_DONE], 4),  # all the loop's: the word passes them all
+    ([J_DONE, J_CLAIMED, J_READY, J_DONE], 2),  # job 2 left to the loop: the word stops there
+    ([J_READY, J_DONE, J_DONE, J_DONE], 0),
+])
+def test_the_progress_word_stops_at_the_first_job_the_helper_leaves(states, want):
+    """worker, run here to its end on a prepared ring (4 jobs published, stop set): jobs the
+    loop took (claimed or done) move the word on; a job too large for the helper's scratch
+    (READY, 10 elements against 1) is left to the loop and holds the word back, also past
+    later jobs the loop took."""
+    jobs, jdsd, ctl = new_ring(8)
+    for seq, st in enumerate(states):
+        jobs[seq, J_SEQ] = seq
+        jobs[seq, J_STATE] = st
+        jobs[seq, J_TOTAL] = 10
+    ctl[CT_HEAD] = len(states)
+    ctl[CT_STOP] = 1
+    sram = np.zeros(64, np.uint16)
+    worker(jobs, jdsd, ctl, sram.view(np.float32), sram, np.zeros((4, 1), np.float32))
+    assert ctl[CT_DONE] == want
+    assert ctl[CT_HELPED] == 0
+    assert list(jobs[:4, J_STATE]) == states  # nothing run, the left jobs put back as READY
 
 
 def test_the_helper_s_progress_word_ends_at_the_last_product():
