@@ -92,3 +92,13 @@ def test_describe_counts_the_regions_past_its_limit():
     assert short[0] == full[0]  # the header counts all 32 either way
     total = sum(1 + i % 3 for i in range(32))
     assert short[0].startswith(f"program 'program': 32 region(s), {total} PEs used")
+
+
+def test_the_cli_help_names_the_region_limit():
+    """`wse-emu info --help` states the limit as a literal (the CLI does not import isa.info
+    for --help): it must be REGION_ROWS."""
+    from click.testing import CliRunner
+
+    from emulator.cli import main
+    out = CliRunner().invoke(main, ["info", "--help"]).output
+    assert f"first {REGION_ROWS}," in " ".join(out.split())
