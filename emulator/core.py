@@ -33,15 +33,14 @@ import numpy as np
 from emulator.core_jobs import drain, worker
 from emulator.core_sched import R_CLOCK_LIMIT, R_CONTINUE, R_DONE, R_GROW, run_slice
 from emulator.core_state import (
-    C_SEM, CT_STOP, H_BUSY, HBM_TICKS, K_FAULT_PE, K_FAULT_REASON, K_HBM_READ, K_HBM_WRITE,
-    K_HEAP_N, K_HOPS, K_INSTR_TOTAL, K_MESSAGES, K_OUTCOME, K_TRACE_N, K_WAVELETS, L_WAVELETS,
-    J_FREE, J_STATE, MP_ASYNC, MP_PE_BITS, N_CT, N_JOB_COLS, P_BPSTALL, P_BUSY, P_CLOCK,
-    P_DMASTALL, P_INSTR, P_PC, P_RSTALL, P_STATUS, P_TAG0, P_WAIT, S_MATRIX, State,
-    job_descriptors, max_clock)
+    CT_STOP, H_BUSY, HBM_TICKS, K_FAULT_PE, K_FAULT_REASON, K_HBM_READ, K_HBM_WRITE,
+    K_HEAP_N, K_HOPS, K_INSTR_TOTAL, K_MESSAGES, K_OUTCOME, K_QUEUED, K_TRACE_N, K_WAVELETS, J_FREE,
+    J_STATE, MP_ASYNC, MP_PE_BITS, N_CT, N_JOB_COLS, P_CLOCK, State, job_descriptors,
+    max_clock, result_columns)
 from emulator.core_undo import restore_sram
 from emulator.load import Loaded, PageSnapshot
 from emulator.result import RUN_FAULT, RUN_MAX_CYCLES, RunResult
-from isa.spec import BY_MNEMONIC, N_DMA_TAGS
+from isa.spec import BY_MNEMONIC
 
 OP_DMAST = BY_MNEMONIC["dmast"].opcode
 
@@ -124,7 +123,7 @@ def _helper_pays(state: State) -> bool:
     ops on at least HELPER_MIN_SRAM of SRAM, and a second CPU for this process."""
     loaded = state.loaded
     if loaded.timing_only or int(loaded.sram_len.sum()) < HELPER_MIN_SRAM \
-            or not (state.code[:, C_SEM] >= S_MATRIX).any():
+            or not state.fixed.has_products:
         return False
     try:
         cpus = len(os.sched_getaffinity(0))
@@ -263,24 +262,21 @@ def _loop(state: State, progress) -> None:
 
 
 def _result(state: State, max_cycles: int | None) -> RunResult:
-    pe, k = state.pe, state.counters
+    k = state.counters
     outcome = int(k[K_OUTCOME])
+    state.fixed.queues_empty = int(k[K_QUEUED]) == 0  # (the next run need not reset them)
     # DMAs still outstanding at the end finish after the last instruction
-    cycles = int(pe[:, P_CLOCK].max(initial=0))
-    cycles = max(cycles, int(pe[:, P_TAG0:P_TAG0 + N_DMA_TAGS].max(initial=0)))
+    i32, i64, link_wavelets, cycles = result_columns(state.pe, state.link)
+    n = state.pe.shape[0]
     if outcome == RUN_MAX_CYCLES:
         cycles = int(max_cycles)
     n_trace = int(k[K_TRACE_N])
     return RunResult(
-        outcome=outcome, cycles=cycles, pc=pe[:, P_PC].astype(np.int32),
-        status=pe[:, P_STATUS].astype(np.int32), clock=pe[:, P_CLOCK].copy(),
-        wait_color=pe[:, P_WAIT].astype(np.int32), instructions=pe[:, P_INSTR].copy(),
-        busy=pe[:, P_BUSY].copy(), recv_stall=pe[:, P_RSTALL].copy(),
-        bp_stall=pe[:, P_BPSTALL].copy(), class_counts=state.class_counts(),
-        link_wavelets=state.link[:, L_WAVELETS].copy(), messages=int(k[K_MESSAGES]),
-        wavelets=int(k[K_WAVELETS]), wavelet_hops=int(k[K_HOPS]),
+        outcome=outcome, cycles=int(cycles), pc=i32[0, :n], status=i32[1, :n], clock=i64[0, :n],
+        wait_color=i32[2, :n], instructions=i64[1, :n], busy=i64[2, :n], recv_stall=i64[3, :n],
+        bp_stall=i64[4, :n], class_counts=state.class_counts(), link_wavelets=link_wavelets,
+        messages=int(k[K_MESSAGES]), wavelets=int(k[K_WAVELETS]), wavelet_hops=int(k[K_HOPS]),
         fault_pe=int(k[K_FAULT_PE]), fault_reason=int(k[K_FAULT_REASON]),
         trace=[tuple(row) for row in state.trace[:n_trace].tolist()],
         hbm_read_bytes=int(k[K_HBM_READ]), hbm_write_bytes=int(k[K_HBM_WRITE]),
-        dma_stall=pe[:, P_DMASTALL].copy(),
-        hbm_channel_busy=-(-state.hbm_ch[:, H_BUSY] // HBM_TICKS))
+        dma_stall=i64[5, :n], hbm_channel_busy=-(-state.hbm_ch[:, H_BUSY] // HBM_TICKS))

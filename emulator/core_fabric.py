@@ -15,10 +15,10 @@ from numba import njit
 from emulator.core_state import (
     DL_BP, DL_CONSUMED, DL_HEAD, DL_LEN, DL_MSG, DL_NEXT, DL_TAIL, E_DEST, E_LINK, E_PARENT,
     K_DL_HEAD, K_DL_NFREE, K_DL_USED, K_HOPS, K_MESSAGES, K_MSG_HEAD, K_MSG_NFREE, K_MSG_USED,
-    K_NEED, K_NEED_AMOUNT, K_POOL_TOP, K_WAVELETS, L_FREE, L_WAVELETS, MP_COLORS, MP_HOP, MP_QDEPTH,
-    MP_RAMP, MP_TIMING, M_BP_PENDING, M_BP_RELEASE, M_LEN, M_NEXT, M_OFF, M_REFS, M_SENDER,
-    NEED_POOL, NEED_RECORDS, P_BPSTALL, P_CLOCK, P_STATUS, P_WAIT, Q_FIRST, Q_LAST, Q_QUEUED,
-    T_COUNT, T_NDEST, T_START, X_GROW)
+    K_NEED, K_NEED_AMOUNT, K_POOL_TOP, K_QUEUED, K_WAVELETS, L_FREE, L_WAVELETS, MP_COLORS,
+    MP_HOP, MP_QDEPTH, MP_RAMP, MP_TIMING, M_BP_PENDING, M_BP_RELEASE, M_LEN, M_NEXT, M_OFF,
+    M_REFS, M_SENDER, NEED_POOL, NEED_RECORDS, P_BPSTALL, P_CLOCK, P_STATUS, P_WAIT, Q_FIRST,
+    Q_LAST, Q_QUEUED, T_COUNT, T_NDEST, T_START, X_GROW)
 from emulator.result import ST_RUN, ST_WAIT_BP, ST_WAIT_RECV
 from kernels.access import f32_to_wavelets, wavelets_to_f32
 from kernels.prefetch import prefetch
@@ -165,6 +165,7 @@ def queue_consume(queue, dl, msg, counters, slot, k, when, pe, qdepth, wake, nwa
     """Consume k wavelets of a queue at cycle `when`, freeing finished deliveries and messages
     and releasing backpressured senders; returns the new number of PEs to wake."""
     queue[slot, Q_QUEUED] -= k
+    counters[K_QUEUED] -= k
     while k > 0:
         d = queue[slot, Q_FIRST]
         take = min(k, dl[d, DL_LEN] - dl[d, DL_CONSUMED])
@@ -290,6 +291,7 @@ def send(p, color, dtype, vals, k, start, end, pe, mp, tree_of, tree, tree_tmp, 
             queue[slot, Q_FIRST] = d
         queue[slot, Q_LAST] = d
         queue[slot, Q_QUEUED] += k
+        counters[K_QUEUED] += k
         if queue[slot, Q_QUEUED] > qdepth:
             dl[d, DL_BP] = 1
             msg[m, M_BP_PENDING] += 1

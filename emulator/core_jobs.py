@@ -251,7 +251,11 @@ def publish(p, dsd, y, w, x, sem, base, m_rows, k_cols, n_cols, total, pe, jobs,
 
 @njit(cache=True, nogil=True)
 def drain(pe, jobs, jdsd, ctl, sram_f32, sram_u16, scratch):
-    """Finish every outstanding job (the loop has returned: nothing is published meanwhile)."""
+    """Finish every outstanding job (the loop has returned: nothing is published meanwhile).
+    Usually the helper's progress word says every one is done, and the ring is left as it is:
+    its slots are reused as done ones, and a PE still marked settles at once (settle)."""
+    if atomic_load(ctl, CT_DONE) >= ctl[CT_HEAD]:
+        return
     for slot in range(jobs.shape[0]):
         if jobs[slot, J_STATE] != J_FREE:
             _finish_slot(slot, jobs, jdsd, ctl, sram_f32, sram_u16, scratch)

@@ -89,10 +89,12 @@ N_CODE_COLS = 10
 # P_DMASTALL: cycles waited in dmawait; P_TAG0 + t: the cycle DMA tag t's transfers complete.
 # P_PENDING: 1 + the number of the PE's tile product still on the helper's ring, or 0
 # (core_jobs).
+# P_FRESH: 1 until the PE's first visit, which empties its descriptor registers (core_sched:
+# the run's start does not, so that it need not write every PE's descriptor rows in Python).
 (P_PC, P_CLOCK, P_STATUS, P_WAIT, P_DONE, P_INSTR, P_BUSY, P_RSTALL, P_BPSTALL, P_FAULT,
  P_CODE0, P_CODELEN, P_HULL_LO, P_HULL_HI, P_FABRIC, P_SRAM0, P_SRAM_LEN,
- P_FTAINT, P_DMASTALL, P_PENDING) = range(20)
-P_TAG0 = 20
+ P_FTAINT, P_DMASTALL, P_PENDING, P_FRESH) = range(21)
+P_TAG0 = 21
 N_PE_COLS = P_TAG0 + N_DMA_TAGS
 FABOUT_BIT = N_DREGS
 
@@ -162,10 +164,11 @@ N_CT = 48
 # The instruction count of cost class i is counters[K_CLASS0 + i].
 # Records: head and length of the free list, records ever used (the rest are fresh zeros).
 # Undo log: entries and uint16 words used.
+# K_QUEUED: wavelets in all input queues (0 at a run's end: the next run need not reset them).
 (K_MESSAGES, K_WAVELETS, K_HOPS, K_POOL_TOP, K_DL_HEAD, K_DL_NFREE, K_DL_USED, K_MSG_HEAD,
  K_MSG_NFREE, K_MSG_USED, K_TRACE_N, K_HEAP_N, K_NEED, K_NEED_AMOUNT, K_OUTCOME, K_FAULT_PE,
  K_FAULT_REASON, K_INSTR_TOTAL, K_UNDO_N, K_UNDO_TOP, K_HBM_READ, K_HBM_WRITE, K_HALTED,
- K_CLASS0) = range(24)
+ K_QUEUED, K_CLASS0) = range(25)
 N_K = K_CLASS0 + len(COST_CLASSES)
 
 # What an executor tells the scheduler: carry on with this PE / it left the runnable set
@@ -241,6 +244,25 @@ def dregs_used(loaded: Loaded) -> int:
         if named.size:
             top = max(top, int(named.max()) + 1)
     return max(1, min(top, N_DREGS))
+
+
+_WRITES_IREG = np.zeros(256, dtype=np.int64)  # per opcode, slots (bit 0 A ..) of an iregw
+_NAMES_FREG = np.zeros(256, dtype=np.int64)  # per opcode, slots of an freg (read or written)
+for _ins in INSTRUCTIONS:
+    for _name, _kind, _slot in _ins.operands:
+        if _kind == "iregw":
+            _WRITES_IREG[_ins.opcode] |= 1 << "ABC".index(_slot)
+        elif _kind == "freg":
+            _NAMES_FREG[_ins.opcode] |= 1 << "ABC".index(_slot)
+
+
+def _named(loaded: Loaded, slots: np.ndarray) -> np.ndarray:
+    """The sorted registers that the code names in the operand slots `slots[opcode]` marks."""
+    op = np.asarray(loaded.code_op, dtype=np.int64)
+    mask = slots[op]
+    named = [np.asarray(regs, dtype=np.int64)[(mask & bit) != 0]
+             for bit, regs in ((1, loaded.code_a), (2, loaded.code_b), (4, loaded.code_c))]
+    return np.unique(np.concatenate(named)) if named else np.zeros(0, np.int64)
 
 
 def decode_table(loaded: Loaded) -> np.ndarray:
@@ -322,6 +344,12 @@ class Static:
         self.pe_start = np.stack([loaded.pe_code_start, loaded.pe_code_len, loaded.sram_base,
                                   loaded.sram_len]).astype(np.int64)
         self.dregs = dregs_used(loaded)
+        # the integer registers an instruction can write (the others, the read-only specials
+        # among them, keep the values a run starts with), and whether any f register is named
+        self.ireg_written = _named(loaded, _WRITES_IREG)
+        self.uses_freg = _named(loaded, _NAMES_FREG).size > 0
+        self.has_products = bool((self.code[:, C_SEM] >= S_MATRIX).any())  # (mv, mm ...)
+        self.queues_empty = True  # the input queues hold nothing (the run's buffer, below)
         self.buffers: dict[str, np.ndarray] = {}
 
     def buffer(self, name: str, shape: tuple, dtype) -> np.ndarray:
@@ -371,13 +399,20 @@ class State:
         self.tree_tmp = fixed.buffer("tree_tmp", (fixed.tree_width, 2), np.int64)
         self.pe = fixed.buffer("pe", (n, N_PE_COLS), np.int64)
         _reset_pe(self.pe, fixed.pe_start)
-        self.ireg = fixed.buffer("ireg", loaded.ireg_init.shape, np.int64)
-        self.ireg[:] = loaded.ireg_init
-        self.freg = fixed.zeroed("freg", (n, N_FREGS), np.float32)
+        # registers as a run starts them: only those the code can change are reset (a 64 x 64
+        # GEMV changes none: 0.7 MB of integer and 0.25 MB of float registers left alone)
+        if "ireg" not in fixed.buffers:
+            fixed.buffers["ireg"] = loaded.ireg_init.copy()
+        self.ireg = fixed.buffers["ireg"]
+        cols = fixed.ireg_written
+        if cols.size:
+            self.ireg[:, cols] = loaded.ireg_init[:, cols]
+        self.freg = (fixed.zeroed if fixed.uses_freg else fixed.buffer)("freg", (n, N_FREGS),
+                                                                         np.float32)
         # only the descriptor registers the code names: a 64 x 64 GEMV uses 6 of the 16, and
-        # the run resets, prefetches and misses on 6 lines a PE instead of 16
+        # the run prefetches and misses on 6 lines a PE instead of 16. A PE's are emptied at
+        # its first visit (P_FRESH), by the loop, which is about to use those lines anyway.
         self.dsd = fixed.buffer("dsd", (n, fixed.dregs, 8), np.int64)
-        self.dsd[:] = _EMPTY_DSD[:fixed.dregs]
         self.sram_f32 = loaded.sram.view(np.float32)
         self.sram_u16 = loaded.sram.view(np.uint16)
         self.sram_i32 = loaded.sram.view(np.int32)
@@ -407,8 +442,12 @@ class State:
         self.hbm = loaded.hbm if loaded.hbm.size else np.zeros(1, dtype=np.uint8)
         self.hbm_ch = np.zeros((max(1, m.hbm_channels), 2), dtype=np.int64)
         self.hbm_rate = np.array([m.hbm_bytes_per_cycle / max(1, m.hbm_channels)], np.float64)
+        # the input queues: only a queue's wavelet count matters while it is 0, so after a run
+        # that ended with every queue empty (Static.queues_empty) they are as a run starts them
         self.queue = fixed.buffer("queue", (n * m.colors, 3), np.int64)
-        _zero_rows(self.queue, fixed.queue_slots)
+        if not fixed.queues_empty:
+            _zero_rows(self.queue, fixed.queue_slots)
+        fixed.queues_empty = False  # until this run ends with none queued (core._result)
         self.link = fixed.zeroed("link", (loaded.n_links, 2), np.int64)
         # records and payloads are initialised when taken: no reset
         records = max(256, 2 * n)
@@ -500,16 +539,47 @@ def max_clock(n_pes: int) -> int:
 
 @njit(cache=True)
 def _reset_pe(pe, start):
-    """Every PE's row as a run starts it: P_WAIT -1, code and SRAM from `start` (code0, code
-    length, SRAM offset, SRAM length per PE), the rest 0; one pass over the table, row by row
-    (numpy's column assignments made one strided pass each)."""
+    """Every PE's row as a run starts it: P_WAIT -1, P_FRESH 1, code and SRAM from `start`
+    (code0, code length, SRAM offset, SRAM length per PE), the rest 0; one pass over the
+    table, row by row (numpy's column assignments made one strided pass each)."""
     for p in range(pe.shape[0]):
         pe[p, :] = 0
         pe[p, P_WAIT] = -1
+        pe[p, P_FRESH] = 1
         pe[p, P_CODE0] = start[0, p]
         pe[p, P_CODELEN] = start[1, p]
         pe[p, P_SRAM0] = start[2, p]
         pe[p, P_SRAM_LEN] = start[3, p]
+
+
+@njit(cache=True)
+def result_columns(pe, link):
+    """The per-PE figures a RunResult reports, in one pass over the pe table (NumPy's column
+    copies made a strided pass each): int32 (pc, status, wait color) and int64 (clock,
+    instructions, busy, receive, backpressure and DMA stalls) rows, the links' wavelets, and
+    the last cycle (of a clock or a DMA tag). Rows are padded by a line: n int64 apart, for
+    n a power of two, every row's element p would fall in one L1 set."""
+    n = pe.shape[0]
+    i32 = np.empty((3, n + 16), dtype=np.int32)
+    i64 = np.empty((6, n + 8), dtype=np.int64)
+    last = 0
+    for p in range(n):
+        i32[0, p] = pe[p, P_PC]
+        i32[1, p] = pe[p, P_STATUS]
+        i32[2, p] = pe[p, P_WAIT]
+        i64[0, p] = pe[p, P_CLOCK]
+        i64[1, p] = pe[p, P_INSTR]
+        i64[2, p] = pe[p, P_BUSY]
+        i64[3, p] = pe[p, P_RSTALL]
+        i64[4, p] = pe[p, P_BPSTALL]
+        i64[5, p] = pe[p, P_DMASTALL]
+        last = max(last, pe[p, P_CLOCK])
+        for t in range(P_TAG0, pe.shape[1]):
+            last = max(last, pe[p, t])
+    wavelets = np.empty(link.shape[0], dtype=np.int64)
+    for i in range(link.shape[0]):
+        wavelets[i] = link[i, L_WAVELETS]
+    return i32, i64, wavelets, last
 
 
 @njit(cache=True)
@@ -524,9 +594,14 @@ def _count_up(a):
         a[i] = i
 
 
-_EMPTY_DSD = np.zeros((N_DREGS, 8), dtype=np.int64)  # every descriptor: mem, len 0, stride 1
-_EMPTY_DSD[:, D_STRIDE] = 1
-_EMPTY_DSD[:, D_COUNT] = 1
+@njit(cache=True, inline="always")
+def empty_descriptors(dsd, p):
+    """PE p's descriptor registers as a run starts them: SRAM, length 0, stride 1, count 1."""
+    for r in range(dsd.shape[1]):
+        for f in range(dsd.shape[2]):
+            dsd[p, r, f] = 0
+        dsd[p, r, D_STRIDE] = 1
+        dsd[p, r, D_COUNT] = 1
 
 
 def _bigger(table: np.ndarray, rows: int) -> np.ndarray:

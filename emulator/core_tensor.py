@@ -12,7 +12,7 @@ from emulator.core_exec import (_fault, _read_mem, _write_mem, check_mem, check_
                                 chunk_times, elements, finish_chunk, mark_unknown, mem_bytes,
                                 roles, room_for_trace, simd_variant)
 from emulator.core_fabric import need, queue_arrival, queue_consume, queue_read, send, send_fits
-from emulator.core_jobs import product, publish
+from emulator.core_jobs import borrowed, product, publish
 from emulator.core_state import (
     CL_KIND, C_A, C_B, C_C, C_CLASS, C_SEM, C_SUB, D_COLOR, D_COUNT, D_DTYPE, D_KIND, D_LEN,
     D_STRIDE, MP_ASYNC, MP_COLORS, MP_ISSUE, MP_QDEPTH, MP_TIMING, MP_TRACE_CAP, MP_UNDO,
@@ -169,6 +169,14 @@ def matrix_op(p, at, code, pe, dsd, sram_f32, sram_u16, unknown, undo, undo_data
     """mv / mva / mm / mma: one chunk over SRAM tiles, fp32 accumulation; returns an X_* code.
     With a helper thread (MP_ASYNC) the product is checked, timed and logged here and computed
     on the helper's ring (core_jobs)."""
+    # borrowed views (the loop holds the arrays): without them every array this function
+    # hands on is reference-counted, a call each way (as in core_sched.run_slice)
+    code, pe, dsd, sram_f32, sram_u16 = (borrowed(code), borrowed(pe), borrowed(dsd),
+                                         borrowed(sram_f32), borrowed(sram_u16))
+    unknown, undo, undo_data, mp, classes = (borrowed(unknown), borrowed(undo),
+                                             borrowed(undo_data), borrowed(mp), borrowed(classes))
+    scratch, trace, counters = borrowed(scratch), borrowed(trace), borrowed(counters)
+    jobs, jdsd, ctl = borrowed(jobs), borrowed(jdsd), borrowed(ctl)
     sem, cls = code[at, C_SEM], code[at, C_CLASS]
     y, w, x = code[at, C_A], code[at, C_B], code[at, C_C]
     for r in (y, w, x):

@@ -12,9 +12,10 @@ import pytest
 from emulator import core
 from emulator.api import execute
 from emulator.core_exec import simd_variant
-from emulator.core_state import (CL_KIND, K_MESSAGES, Q_QUEUED, _STATIC, State, class_kinds,
+from emulator.core_state import (CL_KIND, K_MESSAGES, K_QUEUED, Q_QUEUED, _STATIC, State,
+                                 class_kinds,
                                  simd_key_table, static)
-from emulator.load import load, write_input
+from emulator.load import load, read_output, write_input
 from emulator.machine import load_machine
 from emulator.reference import run as reference_run
 from emulator.result import RUN_HALTED, RUN_MAX_CYCLES
@@ -375,3 +376,76 @@ def test_send_hints_name_each_pes_first_route_and_its_first_receiver():
         else:
             src, color, to = w
             assert tuple(hint[p]) == (src * colors + color, to * colors + color), p
+
+
+def registers_program():
+    """One PE whose registers depend on an input flag. With the flag set the code writes r5,
+    f3 and descriptor d1 before it reads them; without, it only reads them, and sees what a
+    run starts with: 0, 0.0 and an empty descriptor. out = (r5, f3, the sum over d1, GX)."""
+    pb = ProgramBuilder("registers")
+    pb.input("flag", "i32", [1])
+    pb.output("out", "f32", [4])
+    rb = pb.region("one", 1, 0, 1, 1)
+    flag = rb.alloc("flag", 4)
+    buf = rb.alloc("buf", 16)
+    out = rb.alloc("out", 16)
+    rb.piece("flag", flag, "i32", tile=(1, 1))
+    rb.piece("out", out, "f32", tile=(4, 1))
+    rb.li("r9", flag)
+    rb.lw("r1", "r9", 0)
+    rb.li("r8", out)
+    rb.dmem(2, "f32", out, 4)
+    rb.beq("r1", "r0", "read")
+    rb.li("r5", 7)
+    rb.fli("f3", 2.5)
+    rb.dmem(1, "f32", buf, 4)
+    rb.vfill(1, "f3")
+    rb.label("read")
+    rb.itof("f4", "r5")
+    rb.vfill(2, "f4")
+    rb.fsw("f3", "r8", 4)
+    rb.rsum("f6", 1)
+    rb.fsw("f6", "r8", 8)
+    rb.mov("r10", "GX")
+    rb.itof("f7", "r10")
+    rb.fsw("f7", "r8", 12)
+    rb.halt()
+    return pb.build()
+
+
+def test_a_run_starts_from_the_registers_a_run_starts_with_whatever_ran_before():
+    """State resets only the integer registers the code can write and the f registers when
+    the code names any, and the loop empties a PE's descriptors at its first visit: a run
+    after one that set them reads 0, 0.0 and an empty descriptor, as the reference does from
+    the same SRAM, and the read-only specials keep their values."""
+    program = registers_program()
+    ld = load(program, load_machine("tiny"))
+    write_input(ld, "flag", np.array([1], np.int32))
+    core.run(ld)
+    np.testing.assert_array_equal(read_output(ld, "out"), [7.0, 2.5, 10.0, 1.0])
+    write_input(ld, "flag", np.array([0], np.int32))
+    want_ld = load(program, load_machine("tiny"))
+    want_ld.sram[:] = ld.sram  # the first run's buf and out are left in SRAM
+    got = Run(ld, core.run(ld))
+    np.testing.assert_array_equal(read_output(ld, "out"), [0.0, 0.0, 0.0, 1.0])
+    same_run(got, Run(want_ld, reference_run(want_ld)))
+
+
+def test_the_queued_wavelet_count_follows_the_queues_and_decides_the_next_reset():
+    """The loop keeps the wavelets in all input queues (K_QUEUED); a run that ends with none
+    lets the next skip resetting them, one cut short with some queued makes it reset them."""
+    w = np.random.default_rng(7).standard_normal((64, 64), dtype=np.float32)
+    ld = load(build("gemv", {"W": w}, M=64, K=64, P=4, Q=4), load_machine("tiny"))
+    write_input(ld, "x", np.ones(64, np.float32))
+    full = core.run(ld).cycles
+    seen = set()
+    for cycles in list(range(1, full)) + [None]:
+        state = State(ld, cycles, False, False, 0)
+        assert not state.queue[:, Q_QUEUED].any()  # reset, or left empty by the run before
+        core._drive(state, None)
+        core._result(state, cycles)
+        queued = int(state.queue[:, Q_QUEUED].sum())
+        assert state.counters[K_QUEUED] == queued
+        assert static(ld).queues_empty == (queued == 0)
+        seen.add(queued > 0)
+    assert seen == {True, False}
