@@ -350,6 +350,7 @@ class Static:
         self.uses_freg = _named(loaded, _NAMES_FREG).size > 0
         self.has_products = bool((self.code[:, C_SEM] >= S_MATRIX).any())  # (mv, mm ...)
         self.queues_empty = True  # the input queues hold nothing (the run's buffer, below)
+        self.ring_settled = True  # no job of the helper's ring is ready or claimed (core.py)
         self.buffers: dict[str, np.ndarray] = {}
 
     def buffer(self, name: str, shape: tuple, dtype) -> np.ndarray:

@@ -10,11 +10,11 @@ import pytest
 from numba import njit
 
 from emulator import core
-from emulator.core_jobs import _run_job, atomic_load, atomic_store, worker
+from emulator.core_jobs import _run_job, atomic_load, atomic_store, drain, worker
 from emulator.core_sched import R_DONE, R_GROW, run_slice
 from emulator.core_state import (CT_DONE, CT_HEAD, CT_HELPED, CT_SEEN, CT_STOLEN, CT_STOP,
-                                 J_CLAIMED, J_DONE, J_FREE, J_READY, J_SEQ, J_STATE, J_TOTAL,
-                                 MP_ASYNC, P_PENDING, State, new_ring)
+                                 J_CLAIMED, J_DONE, J_FREE, J_P, J_READY, J_SEQ, J_STATE,
+                                 J_TOTAL, MP_ASYNC, N_PE_COLS, P_PENDING, State, new_ring, static)
 from emulator.load import load, read_output, write_input
 from emulator.machine import load_machine
 from emulator.reference import run as reference_run
@@ -103,7 +103,7 @@ def test_a_pe_reads_its_product_only_once_it_is_done(slots):
     assert state.ctl[CT_HEAD] == 9 and state.ctl[CT_STOLEN] == 9  # every product on the ring
     assert state.ctl[CT_HELPED] == 0
     # nothing outstanding once the loop has returned
-    assert (state.jobs[:, J_STATE] == J_FREE).all() and (state.pe[:, P_PENDING] == 0).all()
+    assert nothing_outstanding(state)
     # what each reader saw, from NumPy: x halves before each of the first four products
     w = (0.5 * np.arange(16, dtype=np.float32) - 3).reshape(4, 4).T  # column-major tile
     x = np.array([1.0, -2.0, 0.25, 4.0], np.float32)
@@ -114,6 +114,13 @@ def test_a_pe_reads_its_product_only_once_it_is_done(slots):
     assert out[2] == pytest.approx((w @ (x / 8)).sum(), rel=1e-6)
     np.testing.assert_allclose(out[8:12], 2 * (w @ (x / 8)), rtol=1e-6)
     np.testing.assert_allclose(read_output(ld, "y"), 2 * (w @ (x / 8)), rtol=1e-6)
+
+
+def nothing_outstanding(state) -> bool:
+    """No product is ready or being run: every slot is free or done (drain frees them all
+    unless the helper's progress word already says every job is done; a PE still marked
+    pending then settles at once, and a slot is reused only once its job is done)."""
+    return bool(np.isin(state.jobs[:, J_STATE], (J_FREE, J_DONE)).all())
 
 
 def gemv_loaded(m=256, k=256, p=4, q=4, seed=1234):
@@ -166,7 +173,7 @@ def test_the_helper_runs_products_and_leaves_none_outstanding():
     core._drive(state, None, True)
     ctl = state.ctl
     assert ctl[CT_HEAD] == 64 and ctl[CT_HELPED] + ctl[CT_STOLEN] == 64
-    assert state.mp[MP_ASYNC] == 0 and (state.pe[:, P_PENDING] == 0).all()
+    assert state.mp[MP_ASYNC] == 0 and nothing_outstanding(state)
     np.testing.assert_allclose(read_output(ld, "y"), w @ x, rtol=1e-4, atol=1e-4)
 
 
@@ -208,6 +215,28 @@ def test_the_progress_word_stops_at_the_first_job_the_helper_leaves(states, want
     assert ctl[CT_DONE] == want
     assert ctl[CT_HELPED] == 0
     assert list(jobs[:4, J_STATE]) == states  # nothing run, the left jobs put back as READY
+
+
+@pytest.mark.parametrize("progress", [2, 4])
+def test_drain_frees_the_ring_unless_the_progress_word_covers_every_job(progress):
+    """drain after the loop has returned: with the helper's progress word at the ring's head
+    every job is done and the ring is left as it is (PEs still marked settle at once); short
+    of it, each job is finished, its slot freed and its PE's mark cleared."""
+    jobs, jdsd, ctl = new_ring(8)
+    pe = np.zeros((4, N_PE_COLS), np.int64)
+    for seq in range(4):
+        jobs[seq, J_SEQ] = seq
+        jobs[seq, J_P] = seq
+        jobs[seq, J_STATE] = J_DONE
+        pe[seq, P_PENDING] = seq + 1
+    ctl[CT_HEAD] = 4
+    ctl[CT_DONE] = progress
+    sram = np.zeros(64, np.uint16)
+    drain(pe, jobs, jdsd, ctl, sram.view(np.float32), sram, np.zeros((4, 1), np.float32))
+    if progress == 4:
+        assert (jobs[:4, J_STATE] == J_DONE).all() and (pe[:, P_PENDING] == [1, 2, 3, 4]).all()
+    else:
+        assert (jobs[:, J_STATE] == J_FREE).all() and (pe[:, P_PENDING] == 0).all()
 
 
 def test_the_progress_word_after_a_run_with_the_helper():
@@ -297,3 +326,31 @@ def test_the_helper_is_chosen_only_where_it_can_pay(monkeypatch):
     rb.halt()
     plain = load(no_matrix.build(), load_machine("tiny"))
     assert not core._helper_pays(State(plain, None, False, False, 0))
+
+
+def test_a_run_after_one_an_exception_cut_short_starts_from_a_free_ring(monkeypatch):
+    """A run that ends normally leaves its ring's slots free or done, which the next run
+    reuses as they are; after an exception (a progress callback raising, say) jobs may be
+    left ready, so the next run frees every slot before the helper starts."""
+    ld, w, x = gemv_loaded()
+    core.run(ld, helper=True)
+    fixed = static(ld)
+    assert fixed.ring_settled
+    seen = []
+    real_submit = core._HELPER.submit
+    monkeypatch.setattr(core._HELPER, "submit",
+                        lambda args: seen.append(args[0][:, J_STATE].copy()) or real_submit(args))
+
+    def interrupted(state, progress):
+        state.jobs[5, J_STATE] = J_READY  # a job published and not yet run
+        raise KeyboardInterrupt
+    monkeypatch.setattr(core, "_loop", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        core.run(ld, helper=True)
+    assert not fixed.ring_settled
+    monkeypatch.undo()
+    monkeypatch.setattr(core._HELPER, "submit",
+                        lambda args: seen.append(args[0][:, J_STATE].copy()) or real_submit(args))
+    serial_ld, _, _ = gemv_loaded()
+    same_run(Run(ld, core.run(ld, helper=True)), Run(serial_ld, core.run(serial_ld, helper=False)))
+    assert (seen[-1] == J_FREE).all() and fixed.ring_settled
