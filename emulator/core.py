@@ -30,12 +30,12 @@ from pathlib import Path
 
 import numpy as np
 
-from emulator.core_jobs import drain, worker
+from emulator.core_jobs import await_out, drain, worker
 from emulator.core_sched import R_CLOCK_LIMIT, R_CONTINUE, R_DONE, R_GROW, run_slice
 from emulator.core_state import (
-    CT_STOP, H_BUSY, HBM_TICKS, K_FAULT_PE, K_FAULT_REASON, K_HBM_READ, K_HBM_WRITE,
-    K_HEAP_N, K_HOPS, K_INSTR_TOTAL, K_MESSAGES, K_OUTCOME, K_QUEUED, K_TRACE_N, K_WAVELETS, J_FREE,
-    J_STATE, MP_ASYNC, MP_PE_BITS, N_CT, N_JOB_COLS, P_CLOCK, State, job_descriptors,
+    CT_OUT, CT_STOP, H_BUSY, HBM_TICKS, K_FAULT_PE, K_FAULT_REASON, K_HBM_READ, K_HBM_WRITE,
+    K_HEAP_N, K_HOPS, K_INSTR_TOTAL, K_MESSAGES, K_OUTCOME, K_QUEUED, K_TRACE_N, K_WAVELETS,
+    J_FREE, J_STATE, MP_ASYNC, MP_PE_BITS, N_CT, N_JOB_COLS, P_CLOCK, State, job_descriptors,
     max_clock, result_columns)
 from emulator.core_undo import restore_sram
 from emulator.load import Loaded, PageSnapshot
@@ -169,19 +169,20 @@ def _drive(state: State, progress, helper: bool = False) -> None:
 class _Helper:
     """The process's helper thread, started on first use and kept: starting and joining a
     thread for every run cost ~0.5 ms, a twentieth of a 4096 x 4096 gemv. It runs
-    core_jobs.worker on the arrays it is given until the run sets CT_STOP. A second run
-    wanting it while it is busy (runs in several Python threads) gets a thread of its own."""
+    core_jobs.worker on the arrays it is given until the run sets CT_STOP; the run then waits
+    only for the worker's CT_OUT (core_jobs.await_out), not for the thread to get back to
+    Python (a GIL hand-over and an event: 45-90 us a run). A second run wanting it while it
+    is busy (runs in several Python threads) gets a thread of its own."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # held by the run the thread serves
         self._wake = threading.Condition()
         self._args = None
-        self._done = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def submit(self, args: tuple) -> threading.Event | None:
-        """Start worker(*args) on a helper thread; the event it sets when it has returned, or
-        None if no thread can be started."""
+    def submit(self, args: tuple) -> _Release | None:
+        """Start worker(*args) on a helper thread; what to wait on (_Release.wait returns once
+        the worker has set args' ctl[CT_OUT]), or None if no thread can be started."""
         if not self._lock.acquire(blocking=False):
             return self._own_thread(args)
         try:
@@ -192,11 +193,10 @@ class _Helper:
         except RuntimeError:
             self._lock.release()
             return None
-        self._done.clear()
         with self._wake:
             self._args = args
             self._wake.notify()
-        return _Release(self._done, self._lock)
+        return _Release(args[2], self._lock)
 
     def _serve(self) -> None:
         while True:
@@ -204,36 +204,37 @@ class _Helper:
                 while self._args is None:
                     self._wake.wait()
                 args, self._args = self._args, None
-            try:
-                worker(*args)
-            finally:
-                self._done.set()
+            _work(args)
 
     @staticmethod
-    def _own_thread(args: tuple) -> threading.Event | None:
-        done = threading.Event()
-
-        def serve():
-            try:
-                worker(*args)
-            finally:
-                done.set()
+    def _own_thread(args: tuple) -> _Release | None:
         try:
-            threading.Thread(target=serve, name="wse-emu-products", daemon=True).start()
+            threading.Thread(target=_work, args=(args,), name="wse-emu-products",
+                             daemon=True).start()
         except RuntimeError:
             return None
-        return done
+        return _Release(args[2], None)
+
+
+def _work(args: tuple) -> None:
+    """worker(*args); CT_OUT is set whatever happens, so that the run waiting on it goes on."""
+    try:
+        worker(*args)
+    finally:
+        args[2][CT_OUT] = 1
 
 
 class _Release:
-    """What _Helper.submit returns for its own thread: wait() also frees it for the next run."""
+    """What _Helper.submit returns: wait() returns once the worker has stopped touching the
+    run's arrays, and frees the process's helper (its lock) for the next run."""
 
-    def __init__(self, done: threading.Event, lock: threading.Lock) -> None:
-        self._done, self._lock = done, lock
+    def __init__(self, ctl: np.ndarray, lock: threading.Lock | None) -> None:
+        self._ctl, self._lock = ctl, lock
 
     def wait(self) -> None:
-        self._done.wait()
-        self._lock.release()
+        await_out(self._ctl)
+        if self._lock is not None:
+            self._lock.release()
 
 
 _HELPER = _Helper()

@@ -36,7 +36,7 @@ from numba.extending import intrinsic
 
 from emulator.core_exec import _read_mem, _write_mem
 from emulator.core_state import (
-    CT_DONE, CT_HEAD, CT_HELPED, CT_SEEN, CT_STOLEN, CT_STOP, D_ADDR, D_CSTRIDE, D_DTYPE,
+    CT_DONE, CT_HEAD, CT_HELPED, CT_OUT, CT_SEEN, CT_STOLEN, CT_STOP, D_ADDR, D_CSTRIDE, D_DTYPE,
     D_STRIDE, J_BASE, J_CLAIMED, J_DONE, J_FREE, J_KCOLS, J_MROWS, J_NCOLS, J_P, J_READY, J_SEM,
     J_SEQ, J_STATE, J_TOTAL, P_PENDING, S_DMA, S_DMAWAIT, S_FLW, S_FSW, S_LW, S_MMA, S_MV, S_MVA,
     S_SW, S_TENSOR)
@@ -263,6 +263,15 @@ def drain(pe, jobs, jdsd, ctl, sram_f32, sram_u16, scratch):
             atomic_store(jobs, slot * jobs.shape[1] + J_STATE, J_FREE)
 
 
+@njit(cache=True, nogil=True)
+def await_out(ctl):
+    """Return once the helper has stopped touching the run's arrays (ctl[CT_OUT], which it
+    sets as its worker returns): a spin without the GIL, so that a helper thread which has
+    not yet entered the worker can take the GIL, start it and see the stop at once."""
+    while atomic_load(ctl, CT_OUT) == 0:
+        pass
+
+
 @njit(cache=True, inline="always")
 def _prefetch_ahead(cursor, head, jobs, jdsd, sram_u16):
     """Start loading what the helper's next jobs read, while it runs the current one: the
@@ -305,6 +314,7 @@ def worker(jobs, jdsd, ctl, sram_f32, sram_u16, scratch):
             head = atomic_load(ctl, CT_HEAD)
             if cursor >= head:
                 if atomic_load(ctl, CT_STOP) != 0:
+                    atomic_store(ctl, CT_OUT, 1)  # (after its last write to the run's arrays)
                     return
                 continue
         cursor = max(cursor, head - ring)  # (jobs a whole ring back: the loop finished them)

@@ -156,9 +156,10 @@ J_FREE, J_READY, J_CLAIMED, J_DONE = range(4)
 # The ring's control words, one cache line each (the loop writes the head, the helper polls it):
 # jobs published, stop, jobs the loop ran itself, jobs the helper ran; the helper's progress
 # (every job numbered below it is done, CT_DONE, written by the helper) and the loop's own copy
-# of it as last read (CT_SEEN, a line the helper never touches).
-CT_HEAD, CT_STOP, CT_STOLEN, CT_HELPED, CT_DONE, CT_SEEN = range(0, 48, 8)
-N_CT = 48
+# of it as last read (CT_SEEN, a line the helper never touches); 1 once the helper has
+# stopped touching the run's arrays (CT_OUT, core.py waits for it after setting CT_STOP).
+CT_HEAD, CT_STOP, CT_STOLEN, CT_HELPED, CT_DONE, CT_SEEN, CT_OUT = range(0, 56, 8)
+N_CT = 56
 
 # Counters and requests between the jitted loop and the driver (int64 vector).
 # The instruction count of cost class i is counters[K_CLASS0 + i].

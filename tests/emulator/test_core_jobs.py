@@ -12,7 +12,7 @@ from numba import njit
 from emulator import core
 from emulator.core_jobs import _run_job, atomic_load, atomic_store, drain, worker
 from emulator.core_sched import R_DONE, R_GROW, run_slice
-from emulator.core_state import (CT_DONE, CT_HEAD, CT_HELPED, CT_SEEN, CT_STOLEN, CT_STOP,
+from emulator.core_state import (CT_DONE, CT_HEAD, CT_HELPED, CT_OUT, CT_SEEN, CT_STOLEN, CT_STOP,
                                  J_CLAIMED, J_DONE, J_FREE, J_P, J_READY, J_SEQ, J_STATE,
                                  J_TOTAL, MP_ASYNC, N_PE_COLS, P_PENDING, State, new_ring, static)
 from emulator.load import load, read_output, write_input
@@ -354,3 +354,28 @@ def test_a_run_after_one_an_exception_cut_short_starts_from_a_free_ring(monkeypa
     serial_ld, _, _ = gemv_loaded()
     same_run(Run(ld, core.run(ld, helper=True)), Run(serial_ld, core.run(serial_ld, helper=False)))
     assert (seen[-1] == J_FREE).all() and fixed.ring_settled
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_run_whose_helper_fails_finishes_on_the_loop_and_the_next_gets_a_new_thread(
+        monkeypatch):
+    """The run waits for the worker's CT_OUT, not for its thread: a worker that raises still
+    sets it (core._work), the loop runs every product itself, and the next run starts a new
+    helper thread."""
+    def broken(*args):
+        raise RuntimeError("helper failed")
+    monkeypatch.setattr(core, "worker", broken)
+    ld, w, x = gemv_loaded()
+    serial_ld, _, _ = gemv_loaded()
+    state = State(ld, None, False, False, 0)
+    core._drive(state, None, True)
+    assert state.ctl[CT_OUT] == 1 and state.ctl[CT_HELPED] == 0 and state.ctl[CT_STOLEN] == 16
+    np.testing.assert_allclose(read_output(ld, "y"), w @ x, rtol=1e-4, atol=1e-4)
+    monkeypatch.undo()
+    for _ in range(100):  # the failed thread ends once it has the GIL again
+        if not core._HELPER._thread.is_alive():
+            break
+        threading.Event().wait(0.01)
+    again = Run(ld, core.run(ld, helper=True))
+    same_run(again, Run(serial_ld, core.run(serial_ld, helper=False)))
+    assert core._HELPER._thread.is_alive()
