@@ -42,9 +42,9 @@ from emulator.core_state import (
     C_A, C_B, C_C, C_CLASS, C_COST, C_IH, C_IL, C_IMM, C_SEM, CT_SEEN, D_ADDR, D_COLOR, D_KIND,
     K_CLASS0, K_FAULT_PE, K_FAULT_REASON, K_HALTED, K_HEAP_N, K_INSTR_TOTAL, K_OUTCOME,
     MAX_KEY_BITS, MP_COLORS, MP_MAX_CYCLES, MP_PE_BITS, MP_STRICT, MP_UNDO, P_BUSY, P_CLOCK,
-    P_CODE0, P_CODELEN, P_FABRIC, P_FAULT, P_FRESH, P_INSTR, P_PC, P_PENDING, P_SRAM0,
-    P_SRAM_LEN, P_STATUS, S_DESC, S_DMAWAIT, S_FLOAT, S_FSW, S_MATRIX, S_SW, S_TENSOR, X_FAULT,
-    X_GROW, X_OK, X_STOP, empty_descriptors)
+    P_CODE0, P_CODELEN, P_FABRIC, P_FAULT, P_INSTR, P_PC, P_PENDING, P_SRAM0, P_SRAM_LEN,
+    P_STATUS, S_DESC, S_DMAWAIT, S_FLOAT, S_FSW, S_MATRIX, S_SW, S_TENSOR, X_FAULT, X_GROW, X_OK,
+    X_STOP)
 from emulator.core_tensor import matrix_op, tensor_op
 from emulator.core_undo import undo_fits
 from emulator.result import (F_PC_END, RUN_DEADLOCK, RUN_FAULT, RUN_HALTED, RUN_MAX_CYCLES,
@@ -254,9 +254,6 @@ def run_slice(code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, unknown, 
             counters[K_HEAP_N] = 0
             return _finish(pe, counters)
         p = heap[0] & mask
-        if pe[p, P_FRESH] != 0:  # its first visit (core_state.P_FRESH)
-            empty_descriptors(dsd, p)
-            pe[p, P_FRESH] = 0
         _prefetch_next(heap, heap_n, mask, pe, dsd, send_hint, tree_of, queue, colors)
         _prefetch_operands(p, code, pe, dsd, sram_u16, tree_of, queue, colors, jobs, ctl)
         if heap[0] >> bits > max_cycles:

@@ -89,12 +89,10 @@ N_CODE_COLS = 10
 # P_DMASTALL: cycles waited in dmawait; P_TAG0 + t: the cycle DMA tag t's transfers complete.
 # P_PENDING: 1 + the number of the PE's tile product still on the helper's ring, or 0
 # (core_jobs).
-# P_FRESH: 1 until the PE's first visit, which empties its descriptor registers (core_sched:
-# the run's start does not, so that it need not write every PE's descriptor rows in Python).
 (P_PC, P_CLOCK, P_STATUS, P_WAIT, P_DONE, P_INSTR, P_BUSY, P_RSTALL, P_BPSTALL, P_FAULT,
  P_CODE0, P_CODELEN, P_HULL_LO, P_HULL_HI, P_FABRIC, P_SRAM0, P_SRAM_LEN,
- P_FTAINT, P_DMASTALL, P_PENDING, P_FRESH) = range(21)
-P_TAG0 = 21
+ P_FTAINT, P_DMASTALL, P_PENDING) = range(20)
+P_TAG0 = 20
 N_PE_COLS = P_TAG0 + N_DMA_TAGS
 FABOUT_BIT = N_DREGS
 
@@ -412,9 +410,9 @@ class State:
         self.freg = (fixed.zeroed if fixed.uses_freg else fixed.buffer)("freg", (n, N_FREGS),
                                                                          np.float32)
         # only the descriptor registers the code names: a 64 x 64 GEMV uses 6 of the 16, and
-        # the run prefetches and misses on 6 lines a PE instead of 16. A PE's are emptied at
-        # its first visit (P_FRESH), by the loop, which is about to use those lines anyway.
+        # the run resets, prefetches and misses on 6 lines a PE instead of 16
         self.dsd = fixed.buffer("dsd", (n, fixed.dregs, 8), np.int64)
+        self.dsd[:] = _EMPTY_DSD[:fixed.dregs]
         self.sram_f32 = loaded.sram.view(np.float32)
         self.sram_u16 = loaded.sram.view(np.uint16)
         self.sram_i32 = loaded.sram.view(np.int32)
@@ -541,13 +539,12 @@ def max_clock(n_pes: int) -> int:
 
 @njit(cache=True)
 def _reset_pe(pe, start):
-    """Every PE's row as a run starts it: P_WAIT -1, P_FRESH 1, code and SRAM from `start`
-    (code0, code length, SRAM offset, SRAM length per PE), the rest 0; one pass over the
-    table, row by row (numpy's column assignments made one strided pass each)."""
+    """Every PE's row as a run starts it: P_WAIT -1, code and SRAM from `start` (code0, code
+    length, SRAM offset, SRAM length per PE), the rest 0; one pass over the table, row by row
+    (numpy's column assignments made one strided pass each)."""
     for p in range(pe.shape[0]):
         pe[p, :] = 0
         pe[p, P_WAIT] = -1
-        pe[p, P_FRESH] = 1
         pe[p, P_CODE0] = start[0, p]
         pe[p, P_CODELEN] = start[1, p]
         pe[p, P_SRAM0] = start[2, p]
@@ -596,14 +593,9 @@ def _count_up(a):
         a[i] = i
 
 
-@njit(cache=True, inline="always")
-def empty_descriptors(dsd, p):
-    """PE p's descriptor registers as a run starts them: SRAM, length 0, stride 1, count 1."""
-    for r in range(dsd.shape[1]):
-        for f in range(dsd.shape[2]):
-            dsd[p, r, f] = 0
-        dsd[p, r, D_STRIDE] = 1
-        dsd[p, r, D_COUNT] = 1
+_EMPTY_DSD = np.zeros((N_DREGS, 8), dtype=np.int64)  # every descriptor: mem, len 0, stride 1
+_EMPTY_DSD[:, D_STRIDE] = 1
+_EMPTY_DSD[:, D_COUNT] = 1
 
 
 def _bigger(table: np.ndarray, rows: int) -> np.ndarray:

@@ -415,9 +415,8 @@ def registers_program():
 
 def test_a_run_starts_from_the_registers_a_run_starts_with_whatever_ran_before():
     """State resets only the integer registers the code can write and the f registers when
-    the code names any, and the loop empties a PE's descriptors at its first visit: a run
-    after one that set them reads 0, 0.0 and an empty descriptor, as the reference does from
-    the same SRAM, and the read-only specials keep their values."""
+    the code names any: a run after one that set them reads 0, 0.0 and an empty descriptor,
+    as the reference does from the same SRAM, and the read-only specials keep their values."""
     program = registers_program()
     ld = load(program, load_machine("tiny"))
     write_input(ld, "flag", np.array([1], np.int32))
