@@ -250,6 +250,8 @@ def _loop(state: State, progress) -> None:
             drain(state.pe, state.jobs, state.jdsd, state.ctl, state.sram_f32, state.sram_u16,
                   state.scratch)
         if code == R_DONE:
+            # with no wavelet queued, the next run of this program need not reset the queues
+            state.fixed.queues_empty = int(state.counters[K_QUEUED]) == 0
             return
         if code == R_GROW:
             state.grow()
@@ -272,7 +274,6 @@ def _loop(state: State, progress) -> None:
 def _result(state: State, max_cycles: int | None) -> RunResult:
     k = state.counters
     outcome = int(k[K_OUTCOME])
-    state.fixed.queues_empty = int(k[K_QUEUED]) == 0  # (the next run need not reset them)
     # DMAs still outstanding at the end finish after the last instruction
     i32, i64, link_wavelets, cycles = result_columns(state.pe, state.link)
     n = state.pe.shape[0]

@@ -224,35 +224,19 @@ def class_table(loaded: Loaded) -> np.ndarray:
     return table
 
 
-# Per opcode, a mask of the slots (bit 0 A, 1 B, 2 C) that name a descriptor register.
-_DREG_SLOTS = np.zeros(256, dtype=np.int64)
-for _ins in INSTRUCTIONS:
-    for _name, _kind, _slot in _ins.operands:
-        if _kind == "dreg":
-            _DREG_SLOTS[_ins.opcode] |= 1 << "ABC".index(_slot)
+def _slots_of(kind: str) -> np.ndarray:
+    """Per opcode, a mask of the operand slots (bit 0 A, 1 B, 2 C) of operand kind `kind`."""
+    mask = np.zeros(256, dtype=np.int64)
+    for ins in INSTRUCTIONS:
+        for _name, k, slot in ins.operands:
+            if k == kind:
+                mask[ins.opcode] |= 1 << "ABC".index(slot)
+    return mask
 
 
-def dregs_used(loaded: Loaded) -> int:
-    """1 + the highest descriptor register the code names (at least 1): the loop indexes the
-    descriptor table only with registers taken from the code (the loader checked them)."""
-    op = np.asarray(loaded.code_op, dtype=np.int64)
-    mask = _DREG_SLOTS[op]
-    top = 0
-    for bit, regs in ((1, loaded.code_a), (2, loaded.code_b), (4, loaded.code_c)):
-        named = np.asarray(regs, dtype=np.int64)[(mask & bit) != 0]
-        if named.size:
-            top = max(top, int(named.max()) + 1)
-    return max(1, min(top, N_DREGS))
-
-
-_WRITES_IREG = np.zeros(256, dtype=np.int64)  # per opcode, slots (bit 0 A ..) of an iregw
-_NAMES_FREG = np.zeros(256, dtype=np.int64)  # per opcode, slots of an freg (read or written)
-for _ins in INSTRUCTIONS:
-    for _name, _kind, _slot in _ins.operands:
-        if _kind == "iregw":
-            _WRITES_IREG[_ins.opcode] |= 1 << "ABC".index(_slot)
-        elif _kind == "freg":
-            _NAMES_FREG[_ins.opcode] |= 1 << "ABC".index(_slot)
+_DREG_SLOTS = _slots_of("dreg")
+_WRITES_IREG = _slots_of("iregw")  # writable integer registers (the specials are "ireg")
+_NAMES_FREG = _slots_of("freg")  # f registers, read or written
 
 
 def _named(loaded: Loaded, slots: np.ndarray) -> np.ndarray:
@@ -261,7 +245,14 @@ def _named(loaded: Loaded, slots: np.ndarray) -> np.ndarray:
     mask = slots[op]
     named = [np.asarray(regs, dtype=np.int64)[(mask & bit) != 0]
              for bit, regs in ((1, loaded.code_a), (2, loaded.code_b), (4, loaded.code_c))]
-    return np.unique(np.concatenate(named)) if named else np.zeros(0, np.int64)
+    return np.unique(np.concatenate(named))
+
+
+def dregs_used(loaded: Loaded) -> int:
+    """1 + the highest descriptor register the code names (at least 1): the loop indexes the
+    descriptor table only with registers taken from the code (the loader checked them)."""
+    named = _named(loaded, _DREG_SLOTS)
+    return max(1, min(int(named[-1]) + 1 if named.size else 0, N_DREGS))
 
 
 def decode_table(loaded: Loaded) -> np.ndarray:
@@ -447,7 +438,7 @@ class State:
         self.queue = fixed.buffer("queue", (n * m.colors, 3), np.int64)
         if not fixed.queues_empty:
             _zero_rows(self.queue, fixed.queue_slots)
-        fixed.queues_empty = False  # until this run ends with none queued (core._result)
+        fixed.queues_empty = False  # until this run ends with none queued (core._loop)
         self.link = fixed.zeroed("link", (loaded.n_links, 2), np.int64)
         # records and payloads are initialised when taken: no reset
         records = max(256, 2 * n)
