@@ -564,7 +564,7 @@ def result_columns(pe, link):
         i64[4, p] = pe[p, P_BPSTALL]
         i64[5, p] = pe[p, P_DMASTALL]
         last = max(last, pe[p, P_CLOCK])
-        for t in range(P_TAG0, pe.shape[1]):
+        for t in range(P_TAG0, P_TAG0 + N_DMA_TAGS):
             last = max(last, pe[p, t])
     wavelets = np.empty(link.shape[0], dtype=np.int64)
     for i in range(link.shape[0]):
