@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from bench.conftest import best_of, record
-from emulator.core import run
-from emulator.load import load, write_input
-from emulator.machine import load_machine
+from wse_emu.emulator.core import run
+from wse_emu.emulator.load import load, write_input
+from wse_emu.emulator.machine import load_machine
 from programs.conftest import build
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,7 +90,7 @@ def test_help_starts_fast(benchmark):
     python_s = best_of(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True))
     benchmark.extra_info.update(python_startup_seconds=python_s)
     env = dict(os.environ)
-    probe = subprocess.run([sys.executable, "-c", "import sys, emulator.cli; "
+    probe = subprocess.run([sys.executable, "-c", "import sys, wse_emu.emulator.cli; "
                             "print('numba' in sys.modules)"], capture_output=True, text=True,
                            env=env, check=True)
     assert probe.stdout.strip() == "False"

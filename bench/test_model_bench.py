@@ -31,10 +31,10 @@ import numpy as np
 import pytest
 
 from bench.conftest import best_of, record
-from emulator.benchsuite import BUILTIN_MODELS
-from emulator.machine import load_machine
-from isa.compiler.pipeline import compile_model, load_graph
-from isa.graph_numpy import GraphRunner
+from wse_emu.emulator.benchsuite import BUILTIN_MODELS
+from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.compiler.pipeline import compile_model, load_graph
+from wse_emu.isa.graph_numpy import GraphRunner
 
 TOKEN = 1
 
@@ -68,9 +68,9 @@ def shared_layer_weights(graph, seed: int = 0) -> dict[str, np.ndarray]:
 def test_llama_8b_timing_only_decode_vs_numpy(benchmark, tmp_path, machine_name):
     """One timing-only decode step of the Llama-3-8B shape (resident on wse3, streamed from
     HBM on h100) vs NumPy's forward pass."""
-    from emulator.generate import Generator
+    from wse_emu.emulator.generate import Generator
 
-    from isa.compiler.lower import CompileError
+    from wse_emu.isa.compiler.lower import CompileError
 
     folder = config_folder(tmp_path, "llama-3-8b", BUILTIN_MODELS["llama-3-8b"])
     ctx, position = 16, 15
@@ -117,7 +117,7 @@ def bf16_gpt2(folder, config: dict):
     """demo.write_gpt2's random GPT-2, every weight rounded to the nearest bf16 value."""
     from safetensors.numpy import load_file, save_file
 
-    from emulator.demo import write_gpt2
+    from wse_emu.emulator.demo import write_gpt2
 
     write_gpt2(folder, config)
     tensors = load_file(str(folder / "model.safetensors"))
@@ -133,7 +133,7 @@ def bf16_gpt2(folder, config: dict):
 def test_gpt2_small_functional_decode_vs_numpy(benchmark, tmp_path, machine_name):
     """Functional bf16 decode of a random-weight GPT-2-small (on wse3, or streamed from HBM on
     h100) vs NumPy's forward pass."""
-    from emulator.generate import Generator
+    from wse_emu.emulator.generate import Generator
 
     ctx, prompt = 64, [464, 1068, 7, 318]
     config = dict(BUILTIN_MODELS["gpt2-small"], vocab_size=50304)

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emulator.load import Loaded, load, read_output, write_inputs
-from emulator.machine import Machine, load_machine
-from emulator.result import RunResult
-from isa.program import Program
+from wse_emu.emulator.load import Loaded, load, read_output, write_inputs
+from wse_emu.emulator.machine import Machine, load_machine
+from wse_emu.emulator.result import RunResult
+from wse_emu.isa.program import Program
 
 
 @dataclass
@@ -27,9 +27,9 @@ class Execution:
 def engine_run(engine: str):
     """The run function of an engine: "core" (Numba) or "reference" (pure Python)."""
     if engine == "reference":
-        from emulator.reference import run
+        from wse_emu.emulator.reference import run
     elif engine == "core":
-        from emulator.core import run
+        from wse_emu.emulator.core import run
     else:
         raise ValueError(f"unknown engine {engine!r} (core, reference)")
     return run

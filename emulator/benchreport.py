@@ -12,7 +12,7 @@ import json
 import math
 from pathlib import Path
 
-from emulator.benchsuite import CONTEXT_LADDER
+from wse_emu.emulator.benchsuite import CONTEXT_LADDER
 
 
 PARTS = {"vector": "norms and residual adds", "gemv": "layer matrix-vector products",
@@ -174,7 +174,7 @@ def compare(cases: list[dict], machines: dict) -> list[str]:
 
 def write_outputs(suite: dict, outdir) -> list[Path]:
     """bench.md, bench.json, tokens_per_second.png and roofline-<machine>.png in `outdir`."""
-    from isa.fileio import atomic_write
+    from wse_emu.isa.fileio import atomic_write
 
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)

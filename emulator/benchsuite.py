@@ -165,7 +165,7 @@ class ModelFigures:
 
 def model_figures(graph) -> ModelFigures:
     """FLOP and byte counts of a (bound or unbound) layer graph; see the module docstring."""
-    from isa.graph import Op
+    from wse_emu.isa.graph import Op
 
     by_id = {n.id: n for n in graph.nodes}
     matrices: dict[int, int] = {}  # weight node id -> elements (a tied matrix counted once)
@@ -233,8 +233,8 @@ class Case:
 def compile_case(spec: ModelSpec, machine, dtype: str, max_context: int | None):
     """(program, report, context) at the largest context of the ladder that compiles (only
     `max_context` when given); (None, reason, None) with the compiler's last refusal."""
-    from isa.compiler.lower import CompileError
-    from isa.compiler.pipeline import compile_model
+    from wse_emu.isa.compiler.lower import CompileError
+    from wse_emu.isa.compiler.pipeline import compile_model
 
     reason = ""
     for ctx in (max_context,) if max_context else CONTEXT_LADDER:
@@ -343,8 +343,8 @@ def measure(case: Case, figures: ModelFigures, machine, dtype: str, result,
 def run_case(case: Case, machine, dtype: str, program, position: int, figures: ModelFigures,
              tick) -> None:
     """Load `program` timing-only and run one decode step at `position` into `case`."""
-    from emulator.generate import Generator
-    from emulator.load import LoadError
+    from wse_emu.emulator.generate import Generator
+    from wse_emu.emulator.load import LoadError
 
     t0 = time.perf_counter()
     try:
@@ -374,8 +374,8 @@ def run_case(case: Case, machine, dtype: str, program, position: int, figures: M
 def run_model(spec: ModelSpec, machines, dtype: str, max_context: int | None,
               position: int | None, tick) -> list[Case]:
     """The cases of one model: compile for every machine, then decode the same position."""
-    from isa.compiler.lower import CompileError
-    from isa.compiler.pipeline import load_graph
+    from wse_emu.isa.compiler.lower import CompileError
+    from wse_emu.isa.compiler.pipeline import load_graph
 
     cases, compiled = [], {}
     for m in machines:
@@ -427,7 +427,7 @@ def run_suite(models, machines, dtype: str = "bf16", max_context: int | None = N
 
     models: built-in names or HF config.json paths; machines: preset names, files or Machine
     objects. progress(done, total, label) is called as the cases advance (a progress bar)."""
-    from emulator.machine import load_machine
+    from wse_emu.emulator.machine import load_machine
 
     if dtype not in DTYPE_BYTES:
         raise BenchError(f"dtype {dtype!r} is not supported (fp32, fp16, bf16)")

@@ -31,11 +31,11 @@ def user_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from emulator.load import LoadError
-        from emulator.machine import MachineError
-        from isa.compiler.lower import CompileError
-        from isa.errors import AsmError, FormatError
-        from isa.tensors import TensorError
+        from wse_emu.emulator.load import LoadError
+        from wse_emu.emulator.machine import MachineError
+        from wse_emu.isa.compiler.lower import CompileError
+        from wse_emu.isa.errors import AsmError, FormatError
+        from wse_emu.isa.tensors import TensorError
 
         try:
             return fn(*args, **kwargs)
@@ -113,7 +113,7 @@ def main():
 @main.command()
 def machines():
     """List the machine presets and their key figures."""
-    from emulator.machine import load_machine, preset_names
+    from wse_emu.emulator.machine import load_machine, preset_names
 
     for name in preset_names():
         m = load_machine(name)
@@ -130,8 +130,8 @@ def machines():
 @user_errors
 def asm(source, output, defines, data):
     """Assemble SOURCE (.wsa) into a program.bin."""
-    from isa.asm import assemble_file
-    from isa.binfmt import write_program
+    from wse_emu.isa.asm import assemble_file
+    from wse_emu.isa.binfmt import write_program
 
     program = assemble_file(source, parse_pairs(defines, "-D"), parse_pairs(data, "--data"))
     write_program(program, output)
@@ -146,8 +146,8 @@ def asm(source, output, defines, data):
 @user_errors
 def disasm(binary, outdir):
     """Disassemble BINARY into a .wsa (and .npy data files) that reassembles byte-identical."""
-    from isa.binfmt import read_program
-    from isa.disasm import disassemble
+    from wse_emu.isa.binfmt import read_program
+    from wse_emu.isa.disasm import disassemble
 
     program = read_program(binary)
     os.makedirs(outdir, exist_ok=True)
@@ -163,8 +163,8 @@ def disasm(binary, outdir):
 @user_errors
 def info(binary, all_regions):
     """Describe BINARY: regions, PEs, SRAM use, colors, symbols."""
-    from isa.binfmt import read_program
-    from isa.info import REGION_ROWS, describe
+    from wse_emu.isa.binfmt import read_program
+    from wse_emu.isa.info import REGION_ROWS, describe
 
     click.echo(describe(read_program(binary), None if all_regions else REGION_ROWS))
 
@@ -203,12 +203,12 @@ def progress_printer():
 def run(binary, machine_name, inputs, dump_dir, as_json, trace_path, plot_path, max_cycles,
         reference, timing_only):
     """Run BINARY on an emulated mesh and report cycles, stalls and traffic."""
-    from emulator import report
-    from emulator.api import engine_run
-    from emulator.load import base_dir_of, check_input_names, load, read_output, write_inputs
-    from emulator.machine import load_machine
-    from isa.binfmt import read_program
-    from isa.fileio import check_folder
+    from wse_emu.emulator import report
+    from wse_emu.emulator.api import engine_run
+    from wse_emu.emulator.load import base_dir_of, check_input_names, load, read_output, write_inputs
+    from wse_emu.emulator.machine import load_machine
+    from wse_emu.isa.binfmt import read_program
+    from wse_emu.isa.fileio import check_folder
 
     if timing_only and dump_dir:
         raise UserError("--dump-dir: a --timing-only run computes no output values")
@@ -270,9 +270,9 @@ def run(binary, machine_name, inputs, dump_dir, as_json, trace_path, plot_path, 
 @user_errors
 def compile_cmd(model, output, machine_name, dtype, max_context, shape_only, dump, as_json):
     """Compile MODEL (an HF folder with config.json + model.safetensors, or a *.graph.json)."""
-    from emulator.machine import load_machine
-    from isa.binfmt import write_program
-    from isa.compiler.pipeline import compile_model
+    from wse_emu.emulator.machine import load_machine
+    from wse_emu.isa.binfmt import write_program
+    from wse_emu.isa.compiler.pipeline import compile_model
 
     machine = load_machine(machine_name)
     base = os.path.dirname(os.path.abspath(output))
@@ -300,9 +300,9 @@ def compile_cmd(model, output, machine_name, dtype, max_context, shape_only, dum
 def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timing_only,
              decode_token):
     """Greedy generation with a compiled decoder, one emulated decode step per token."""
-    from emulator.generate import Generator
-    from emulator.load import base_dir_of
-    from isa.binfmt import read_program
+    from wse_emu.emulator.generate import Generator
+    from wse_emu.emulator.load import base_dir_of
+    from wse_emu.isa.binfmt import read_program
 
     try:
         ids = [int(t) for t in prompt_ids.split(",") if t.strip()]
@@ -341,7 +341,7 @@ def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timin
 @user_errors
 def demo(machine_name):
     """The built-in demo (see README)."""
-    from emulator.demo import run_demo
+    from wse_emu.emulator.demo import run_demo
 
     sys.exit(run_demo(machine_name))
 
@@ -394,8 +394,8 @@ def bench(models, machines, outdir, dtype, max_context, position):
     machine; prints the table. Each result shows the physics floors it must respect; a result
     under one is an emulator bug (exit code 1).
     """
-    from emulator.benchreport import markdown, violations, write_outputs
-    from emulator.benchsuite import DEFAULT_MACHINES, DEFAULT_MODELS, BenchError, run_suite
+    from wse_emu.emulator.benchreport import markdown, violations, write_outputs
+    from wse_emu.emulator.benchsuite import DEFAULT_MACHINES, DEFAULT_MODELS, BenchError, run_suite
 
     models = _names(models) or list(DEFAULT_MODELS)
     machines = _names(machines) or list(DEFAULT_MACHINES)

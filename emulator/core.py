@@ -30,17 +30,17 @@ from pathlib import Path
 
 import numpy as np
 
-from emulator.core_jobs import await_out, drain, worker
-from emulator.core_sched import R_CLOCK_LIMIT, R_CONTINUE, R_DONE, R_GROW, run_slice
-from emulator.core_state import (
+from wse_emu.emulator.core_jobs import await_out, drain, worker
+from wse_emu.emulator.core_sched import R_CLOCK_LIMIT, R_CONTINUE, R_DONE, R_GROW, run_slice
+from wse_emu.emulator.core_state import (
     CT_OUT, CT_STOP, H_BUSY, HBM_TICKS, K_FAULT_PE, K_FAULT_REASON, K_HBM_READ, K_HBM_WRITE,
     K_HEAP_N, K_HOPS, K_INSTR_TOTAL, K_MESSAGES, K_OUTCOME, K_QUEUED, K_TRACE_N, K_WAVELETS,
     J_FREE, J_STATE, MP_ASYNC, MP_PE_BITS, N_CT, N_JOB_COLS, P_CLOCK, State, job_descriptors,
     max_clock, result_columns)
-from emulator.core_undo import restore_sram
-from emulator.load import Loaded, PageSnapshot
-from emulator.result import RUN_FAULT, RUN_MAX_CYCLES, RunResult
-from isa.spec import BY_MNEMONIC
+from wse_emu.emulator.core_undo import restore_sram
+from wse_emu.emulator.load import Loaded, PageSnapshot
+from wse_emu.emulator.result import RUN_FAULT, RUN_MAX_CYCLES, RunResult
+from wse_emu.isa.spec import BY_MNEMONIC
 
 OP_DMAST = BY_MNEMONIC["dmast"].opcode
 

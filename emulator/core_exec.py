@@ -13,8 +13,8 @@ is retried after the driver has grown it. All arithmetic is done by kernels/.
 import numpy as np
 from numba import njit
 
-from emulator.core_fabric import need
-from emulator.core_state import (
+from wse_emu.emulator.core_fabric import need
+from wse_emu.emulator.core_state import (
     CK_FMAC, CK_MOVE, CK_SPECIAL, D_ADDR, D_COLOR, D_COUNT, D_CSTRIDE, D_DTYPE, D_KIND, D_LEN,
     D_STRIDE, FABOUT_BIT, K_CLASS0, K_HALTED, K_INSTR_TOTAL, K_TRACE_N, MP_TIMING, MP_TRACE_CAP,
     NEED_TRACE, P_BUSY, P_CLOCK, P_DONE, P_FABRIC, P_FAULT, P_FTAINT, P_INSTR, P_PC, P_RSTALL,
@@ -26,15 +26,15 @@ from emulator.core_state import (
     S_SLT, S_SUB, S_SW, S_TENSOR, S_XOR, V_CONVERT, V_F16, V_F32, V_MIXED, V_SPECIAL, X_FAULT,
     S_DMALD, S_DMAST, H_BUSY, H_FREE, HBM_TICKS, K_HBM_READ, K_HBM_WRITE, MP_HBM_BYTES,
     MP_HBM_CH, MP_HBM_IL, MP_HBM_LAT, MP_ISSUE, MP_UNDO, P_DMASTALL, P_TAG0, X_GROW, X_OK)
-from emulator.core_undo import note_write, undo_fits
-from emulator.result import (F_ALIGN, F_COUNT, F_DEST_NOT_MEM, F_DMA_DESC, F_DMA_TAG,
+from wse_emu.emulator.core_undo import note_write, undo_fits
+from wse_emu.emulator.result import (F_ALIGN, F_COUNT, F_DEST_NOT_MEM, F_DMA_DESC, F_DMA_TAG,
                              F_FABIN_DEST, F_FABOUT_SRC, F_HBM_RANGE, F_OOB, F_SAME_COLOR,
                              F_SCALAR_MEM, F_TARGET, F_TIMING_DATA, ST_HALT)
-from isa.spec import DSD_FABIN, DSD_FABOUT, DSD_MEM, DTYPES, N_DMA_TAGS
-from kernels import scalar
-from kernels.access import gather, scatter
-from kernels.convert import f32_from_bits
-from kernels.cost import compute_cycles
+from wse_emu.isa.spec import DSD_FABIN, DSD_FABOUT, DSD_MEM, DTYPES, N_DMA_TAGS
+from wse_emu.kernels import scalar
+from wse_emu.kernels.access import gather, scatter
+from wse_emu.kernels.convert import f32_from_bits
+from wse_emu.kernels.cost import compute_cycles
 
 DT_F32 = DTYPES["f32"]
 # Magnitudes beyond which an address computation is certainly outside any SRAM: checking

@@ -12,16 +12,16 @@ it (core_state.State.grow) and retries, so the hot path never allocates.
 import numpy as np
 from numba import njit
 
-from emulator.core_state import (
+from wse_emu.emulator.core_state import (
     DL_BP, DL_CONSUMED, DL_HEAD, DL_LEN, DL_MSG, DL_NEXT, DL_TAIL, E_DEST, E_LINK, E_PARENT,
     K_DL_HEAD, K_DL_NFREE, K_DL_USED, K_HOPS, K_MESSAGES, K_MSG_HEAD, K_MSG_NFREE, K_MSG_USED,
     K_NEED, K_NEED_AMOUNT, K_POOL_TOP, K_QUEUED, K_WAVELETS, L_FREE, L_WAVELETS, MP_COLORS,
     MP_HOP, MP_QDEPTH, MP_RAMP, MP_TIMING, M_BP_PENDING, M_BP_RELEASE, M_LEN, M_NEXT, M_OFF,
     M_REFS, M_SENDER, NEED_POOL, NEED_RECORDS, P_BPSTALL, P_CLOCK, P_STATUS, P_WAIT, Q_FIRST,
     Q_LAST, Q_QUEUED, T_COUNT, T_NDEST, T_START, X_GROW)
-from emulator.result import ST_RUN, ST_WAIT_BP, ST_WAIT_RECV
-from kernels.access import f32_to_wavelets, wavelets_to_f32
-from kernels.prefetch import prefetch
+from wse_emu.emulator.result import ST_RUN, ST_WAIT_BP, ST_WAIT_RECV
+from wse_emu.kernels.access import f32_to_wavelets, wavelets_to_f32
+from wse_emu.kernels.prefetch import prefetch
 
 # ---------------------------------------------------------------------------------------------
 # The scheduler's min-heap of runnable PEs: int64 keys clock << pe_bits | PE, all distinct.

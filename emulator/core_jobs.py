@@ -34,15 +34,15 @@ timing-only or traced runs) MP_ASYNC is 0 and matrix_op computes at once, as bef
 from numba import njit, types
 from numba.extending import intrinsic
 
-from emulator.core_exec import _read_mem, _write_mem
-from emulator.core_state import (
+from wse_emu.emulator.core_exec import _read_mem, _write_mem
+from wse_emu.emulator.core_state import (
     CT_DONE, CT_HEAD, CT_HELPED, CT_OUT, CT_SEEN, CT_STOLEN, CT_STOP, D_ADDR, D_CSTRIDE, D_DTYPE,
     D_STRIDE, J_BASE, J_CLAIMED, J_DONE, J_FREE, J_KCOLS, J_MROWS, J_NCOLS, J_P, J_READY, J_SEM,
     J_SEQ, J_STATE, J_TOTAL, P_PENDING, S_DMA, S_DMAWAIT, S_FLW, S_FSW, S_LW, S_MMA, S_MV, S_MVA,
     S_SW, S_TENSOR)
-from kernels import matrix
-from kernels.access import DT_F32
-from kernels.prefetch import prefetch_span, prefetch_write
+from wse_emu.kernels import matrix
+from wse_emu.kernels.access import DT_F32
+from wse_emu.kernels.prefetch import prefetch_span, prefetch_write
 
 PREFETCH_WORDS = 8 * 32  # of a job's x and y, at most (8 lines, 512 bytes)
 

@@ -34,23 +34,23 @@ _prefetch_operands); the heap prefetches the level below as it sifts down. That 
 import numpy as np
 from numba import njit
 
-from emulator.core_exec import (exec_desc, exec_dma, exec_dmawait, exec_float, exec_int, is_dma,
+from wse_emu.emulator.core_exec import (exec_desc, exec_dma, exec_dmawait, exec_float, exec_int, is_dma,
                                 is_fabric)
-from emulator.core_fabric import heap_pop_top, heap_push, heap_replace_top, still_first
-from emulator.core_jobs import borrowed, settle, touches_sram
-from emulator.core_state import (
+from wse_emu.emulator.core_fabric import heap_pop_top, heap_push, heap_replace_top, still_first
+from wse_emu.emulator.core_jobs import borrowed, settle, touches_sram
+from wse_emu.emulator.core_state import (
     C_A, C_B, C_C, C_CLASS, C_COST, C_IH, C_IL, C_IMM, C_SEM, CT_SEEN, D_ADDR, D_COLOR, D_KIND,
     K_CLASS0, K_FAULT_PE, K_FAULT_REASON, K_HALTED, K_HEAP_N, K_INSTR_TOTAL, K_OUTCOME,
     MAX_KEY_BITS, MP_COLORS, MP_MAX_CYCLES, MP_PE_BITS, MP_STRICT, MP_UNDO, P_BUSY, P_CLOCK,
     P_CODE0, P_CODELEN, P_FABRIC, P_FAULT, P_INSTR, P_PC, P_PENDING, P_SRAM0, P_SRAM_LEN,
     P_STATUS, S_DESC, S_DMAWAIT, S_FLOAT, S_FSW, S_MATRIX, S_SW, S_TENSOR, X_FAULT, X_GROW, X_OK,
     X_STOP)
-from emulator.core_tensor import matrix_op, tensor_op
-from emulator.core_undo import undo_fits
-from emulator.result import (F_PC_END, RUN_DEADLOCK, RUN_FAULT, RUN_HALTED, RUN_MAX_CYCLES,
+from wse_emu.emulator.core_tensor import matrix_op, tensor_op
+from wse_emu.emulator.core_undo import undo_fits
+from wse_emu.emulator.result import (F_PC_END, RUN_DEADLOCK, RUN_FAULT, RUN_HALTED, RUN_MAX_CYCLES,
                              ST_FAULT, ST_HALT, ST_RUN)
-from isa.spec import DSD_FABIN, DSD_FABOUT, DSD_MEM
-from kernels.prefetch import prefetch
+from wse_emu.isa.spec import DSD_FABIN, DSD_FABOUT, DSD_MEM
+from wse_emu.kernels.prefetch import prefetch
 
 R_DONE, R_CONTINUE, R_GROW, R_CLOCK_LIMIT = range(4)
 PREFETCH_LINES = 4  # of each SRAM operand of the next tensor op (see _prefetch_operands)

@@ -17,11 +17,11 @@ import weakref
 import numpy as np
 from numba import njit
 
-from emulator.load import Loaded
-from isa.spec import (COST_CLASSES, DTYPES, FIXED_CLASSES, INSTRUCTIONS, N_DMA_TAGS, N_DREGS,
+from wse_emu.emulator.load import Loaded
+from wse_emu.isa.spec import (COST_CLASSES, DTYPES, FIXED_CLASSES, INSTRUCTIONS, N_DMA_TAGS, N_DREGS,
                       N_FREGS,
                       SIMD_KEYS, simd_key)
-from kernels import elementwise as ew
+from wse_emu.kernels import elementwise as ew
 
 # ---------------------------------------------------------------------------------------------
 # Semantic ids, grouped so that one comparison picks the executor of a family.

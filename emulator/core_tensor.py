@@ -8,23 +8,23 @@ so a destination may alias a source. The numbers come from kernels/, as in the r
 import numpy as np
 from numba import njit
 
-from emulator.core_exec import (_fault, _read_mem, _write_mem, check_mem, check_operands,
+from wse_emu.emulator.core_exec import (_fault, _read_mem, _write_mem, check_mem, check_operands,
                                 chunk_times, elements, finish_chunk, mark_unknown, mem_bytes,
                                 roles, room_for_trace, simd_variant)
-from emulator.core_fabric import need, queue_arrival, queue_consume, queue_read, send, send_fits
-from emulator.core_jobs import borrowed, product, publish
-from emulator.core_state import (
+from wse_emu.emulator.core_fabric import need, queue_arrival, queue_consume, queue_read, send, send_fits
+from wse_emu.emulator.core_jobs import borrowed, product, publish
+from wse_emu.emulator.core_state import (
     CL_KIND, C_A, C_B, C_C, C_CLASS, C_SEM, C_SUB, D_COLOR, D_COUNT, D_DTYPE, D_KIND, D_LEN,
     D_STRIDE, MP_ASYNC, MP_COLORS, MP_ISSUE, MP_QDEPTH, MP_TIMING, MP_TRACE_CAP, MP_UNDO,
     NEED_SCRATCH, P_DONE, P_FTAINT, P_SRAM0, P_SRAM_LEN, P_STATUS, P_WAIT, Q_QUEUED, S_BINARY,
     S_BINSCALAR, S_FILL, S_FMA, S_MV, S_MVA, S_RDOT, S_RMAX, S_RSUM, S_UNARY, T_START, X_GROW,
     X_OK, X_STOP)
-from emulator.core_undo import note_write, undo_fits
-from emulator.result import F_COUNT, F_MATRIX_FABRIC, F_NO_ROUTE, F_SHAPE, ST_RUN, ST_WAIT_RECV
-from isa.spec import DSD_FABIN, DSD_FABOUT, DSD_MEM
-from kernels import elementwise as ew
-from kernels import reduce
-from kernels.prefetch import prefetch
+from wse_emu.emulator.core_undo import note_write, undo_fits
+from wse_emu.emulator.result import F_COUNT, F_MATRIX_FABRIC, F_NO_ROUTE, F_SHAPE, ST_RUN, ST_WAIT_RECV
+from wse_emu.isa.spec import DSD_FABIN, DSD_FABOUT, DSD_MEM
+from wse_emu.kernels import elementwise as ew
+from wse_emu.kernels import reduce
+from wse_emu.kernels.prefetch import prefetch
 
 
 @njit(cache=True)

@@ -8,8 +8,8 @@ mirror of the whole SRAM (whose scattered lines miss the cache on every first wr
 
 from numba import njit
 
-from emulator.core_fabric import need
-from emulator.core_state import (K_UNDO_N, K_UNDO_TOP, MP_UNDO, NEED_UNDO, P_HULL_HI, P_HULL_LO,
+from wse_emu.emulator.core_fabric import need
+from wse_emu.emulator.core_state import (K_UNDO_N, K_UNDO_TOP, MP_UNDO, NEED_UNDO, P_HULL_HI, P_HULL_LO,
                                  P_SRAM0, U_LEN, U_OFF, U_START)
 
 

@@ -52,11 +52,11 @@ def write_gpt2(folder: Path, config: dict, seed: int = 0) -> Path:
 
 
 def run_demo(machine_name: str = "wse3", tokens: int = 8) -> int:
-    from emulator.benchsuite import model_figures
-    from emulator.generate import Generator
-    from emulator.machine import load_machine
-    from isa.compiler.pipeline import compile_model
-    from isa.graph_numpy import GraphRunner
+    from wse_emu.emulator.benchsuite import model_figures
+    from wse_emu.emulator.generate import Generator
+    from wse_emu.emulator.machine import load_machine
+    from wse_emu.isa.compiler.pipeline import compile_model
+    from wse_emu.isa.graph_numpy import GraphRunner
 
     machine = load_machine(machine_name)
     c = DEMO_CONFIG
@@ -105,9 +105,9 @@ def _hbm_baseline(model: Path, res, tokens: int, weights: int, wafer: str) -> bo
     streamed through the SMs' shared memory for every token (isa/compiler/hbm.py), run on
     the emulator beside the wafer: tokens/s, the same greedy ids, and the bandwidth floor no
     GPU program can beat (weight bytes / peak HBM bandwidth). True when the ids agree."""
-    from emulator.generate import Generator
-    from emulator.machine import load_machine
-    from isa.compiler.pipeline import compile_model
+    from wse_emu.emulator.generate import Generator
+    from wse_emu.emulator.machine import load_machine
+    from wse_emu.isa.compiler.pipeline import compile_model
 
     gpu = load_machine("h100")
     program, report = compile_model(model, gpu, dtype="fp32", max_context=64)
@@ -129,6 +129,6 @@ def _hbm_baseline(model: Path, res, tokens: int, weights: int, wafer: str) -> bo
 
 
 def _graph(model: Path):
-    from isa.frontends.hf import load_hf
+    from wse_emu.isa.frontends.hf import load_hf
 
     return load_hf(model, max_context=64)

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from emulator.load import LoadError, PageSnapshot, load, read_output, write_input
-from emulator.machine import Machine, load_machine
-from emulator.result import RUN_HALTED
-from isa.program import Program
+from wse_emu.emulator.load import LoadError, PageSnapshot, load, read_output, write_input
+from wse_emu.emulator.machine import Machine, load_machine
+from wse_emu.emulator.result import RUN_HALTED
+from wse_emu.isa.program import Program
 
 
 KERNEL = -2  # the "layer" of every core of an HBM-target kernel (isa/compiler/hbm.py)
@@ -68,7 +68,7 @@ class Generator:
         self.loaded = load(program, self.machine, base_dir=base_dir, with_data=not timing_only)
         self._initial = PageSnapshot(self.loaded.sram)  # weights, code, empty caches
         self._known = PageSnapshot(self.loaded.unknown)  # timing-only: nothing unknown yet
-        from emulator.api import engine_run
+        from wse_emu.emulator.api import engine_run
 
         self._run = engine_run(engine)
         self._layer_of_pe = self._pe_layers(info)

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from emulator.machine import Machine
-from isa.encoding import decode_fields
-from isa.program import DIR_NAMES, DIR_RAMP, HbmInit, HbmPiece, Program, Rect, TileMap
-from isa.spec import BY_MNEMONIC, DTYPE_BYTES, DTYPE_NAMES, INSTR_BYTES, N_IREG_SLOTS, SPECIAL_IREGS
-from isa.tensors import TensorError, as_2d, tensor_array
+from wse_emu.emulator.machine import Machine
+from wse_emu.isa.encoding import decode_fields
+from wse_emu.isa.program import DIR_NAMES, DIR_RAMP, HbmInit, HbmPiece, Program, Rect, TileMap
+from wse_emu.isa.spec import BY_MNEMONIC, DTYPE_BYTES, DTYPE_NAMES, INSTR_BYTES, N_IREG_SLOTS, SPECIAL_IREGS
+from wse_emu.isa.tensors import TensorError, as_2d, tensor_array
 
 N_PORTS = 5  # links per router: N, E, S, W neighbours, and RAMP down to its own PE
 
@@ -358,7 +358,7 @@ def _build_trees(program, m, box, pe_of_cell, pe_x, pe_y) -> dict:
     """The route tree of every (PE, color) whose route accepts RAMP: the PE may send there.
     Sending on a color without one is a fault at run time (SPMD code may hold sends a PE never
     reaches). The walk is emulator.load_routes.build_trees; a malformed tree is a LoadError."""
-    from emulator import load_routes as lr
+    from wse_emu.emulator import load_routes as lr
 
     colors = m.colors
     rx, tx = _paint_routes(program, box, colors)
@@ -390,7 +390,7 @@ def _build_trees(program, m, box, pe_of_cell, pe_x, pe_y) -> dict:
 
 def _storage_bytes(values: np.ndarray, tag: str, dtype: int) -> np.ndarray:
     """Values (any source dtype) -> raw storage bytes of `dtype`, last axis = elements."""
-    from kernels.convert import bf16_to_f32_array, f32_to_bf16_array
+    from wse_emu.kernels.convert import bf16_to_f32_array, f32_to_bf16_array
 
     name = DTYPE_NAMES[dtype]
     if tag == "bf16":
@@ -642,7 +642,7 @@ def write_inputs(loaded: Loaded, given: dict[str, np.ndarray]) -> None:
 
 def read_output(loaded: Loaded, name: str) -> np.ndarray:
     """Gather output symbol `name` from SRAM into a host array of its shape and dtype."""
-    from kernels.convert import bf16_to_f32_array
+    from wse_emu.kernels.convert import bf16_to_f32_array
 
     s = symbol(loaded, name, "output")
     if loaded.timing_only:
@@ -675,7 +675,7 @@ def read_output(loaded: Loaded, name: str) -> np.ndarray:
 
 def _read_hbm_piece(loaded: Loaded, s, hp: HbmPiece) -> np.ndarray:
     """Output symbol s from its HBM piece: row-major, contiguous, in the piece's dtype."""
-    from kernels.convert import bf16_to_f32_array
+    from wse_emu.kernels.convert import bf16_to_f32_array
 
     n = int(np.prod(s.shape))
     name_dt = DTYPE_NAMES[hp.dtype]

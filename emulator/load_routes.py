@@ -12,7 +12,7 @@ a PE: every router forwards somewhere and no cell is reached twice, so its leave
 import numpy as np
 from numba import njit
 
-from isa.program import DIR_NAMES, DIR_RAMP, DIR_STEP, OPPOSITE as _OPPOSITE
+from wse_emu.isa.program import DIR_NAMES, DIR_RAMP, DIR_STEP, OPPOSITE as _OPPOSITE
 
 # error codes (ERR_NONE: every tree is well formed)
 ERR_NONE, ERR_NOWHERE, ERR_NO_CODE, ERR_OFF_FABRIC, ERR_NOT_ACCEPTED, ERR_LOOP = range(6)

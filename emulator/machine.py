@@ -9,7 +9,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from isa.spec import SIMD_KEYS
+from wse_emu.isa.spec import SIMD_KEYS
 
 PRESET_DIR = Path(__file__).parent / "machines"
 

@@ -16,16 +16,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from emulator.load import Loaded
-from emulator.result import (
+from wse_emu.emulator.load import Loaded
+from wse_emu.emulator.result import (
     F_ALIGN, F_COUNT, F_DEST_NOT_MEM, F_DMA_DESC, F_DMA_TAG, F_FABIN_DEST, F_FABOUT_SRC,
     F_HBM_RANGE, F_MATRIX_FABRIC, F_NONE, F_OOB,
     F_NO_ROUTE, F_PC_END, F_SAME_COLOR, F_SCALAR_MEM, F_SHAPE, F_TARGET, RUN_DEADLOCK, RUN_FAULT, RUN_HALTED,
     RUN_MAX_CYCLES, ST_FAULT, ST_HALT, ST_RUN, ST_WAIT_BP, ST_WAIT_RECV, RunResult)
-from isa.spec import (BY_OPCODE, COST_CLASSES, DSD_FABIN, DSD_FABOUT, DSD_MEM, DTYPE_BYTES,
+from wse_emu.isa.spec import (BY_OPCODE, COST_CLASSES, DSD_FABIN, DSD_FABOUT, DSD_MEM, DTYPE_BYTES,
                       N_DMA_TAGS, N_DREGS, N_FREGS, simd_key)
-from kernels import access, elementwise as ew, matrix, reduce, scalar
-from kernels.cost import compute_cycles
+from wse_emu.kernels import access, elementwise as ew, matrix, reduce, scalar
+from wse_emu.kernels.cost import compute_cycles
 
 # descriptor fields
 KIND, ADDR, LEN, STRIDE, COUNT, CSTRIDE, DTYPE, COLOR = range(8)

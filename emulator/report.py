@@ -8,13 +8,13 @@ import json
 
 import numpy as np
 
-from emulator.load import N_PORTS, Loaded
-from emulator.result import (FAULT_REASONS, RUN_DEADLOCK, RUN_FAULT, RUN_HALTED, RUN_MAX_CYCLES,
+from wse_emu.emulator.load import N_PORTS, Loaded
+from wse_emu.emulator.result import (FAULT_REASONS, RUN_DEADLOCK, RUN_FAULT, RUN_HALTED, RUN_MAX_CYCLES,
                              ST_HALT, ST_WAIT_BP, ST_WAIT_RECV, STATUS_NAMES, RunResult)
-from isa.encoding import format_instr
-from isa.fileio import atomic_write
-from isa.program import DIR_NAMES
-from isa.spec import COST_CLASSES
+from wse_emu.isa.encoding import format_instr
+from wse_emu.isa.fileio import atomic_write
+from wse_emu.isa.program import DIR_NAMES
+from wse_emu.isa.spec import COST_CLASSES
 
 BLOCKED_CAP = 16  # PEs listed in a deadlock report before "... and N more"
 

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
-from isa.builder import Addr, ProgramBuilder, RegionBuilder
-from isa.encoding import REGISTERS, FBits, kind_text
-from isa.errors import AsmError, BuildError
-from isa.expr import (CONSTANTS, RESERVED, ExprError, Node, Token, evaluate, first_col, parse,
+from wse_emu.isa.builder import Addr, ProgramBuilder, RegionBuilder
+from wse_emu.isa.encoding import REGISTERS, FBits, kind_text
+from wse_emu.isa.errors import AsmError, BuildError
+from wse_emu.isa.expr import (CONSTANTS, RESERVED, ExprError, Node, Token, evaluate, first_col, parse,
                       split_comment, tokenize, truth)
-from isa.program import DIR_BITS, Program
-from isa.spec import BY_MNEMONIC, DTYPES, N_IREGS, STORAGE_DTYPES
+from wse_emu.isa.program import DIR_BITS, Program
+from wse_emu.isa.spec import BY_MNEMONIC, DTYPES, N_IREGS, STORAGE_DTYPES
 
 BLOCK_OPEN = {".if": ".endif", ".rep": ".endrep", ".region": ".endregion"}
 DIRECTIVES = (".param", ".set", ".assert", ".if", ".elif", ".else", ".endif", ".rep", ".endrep",

@@ -20,15 +20,15 @@ from pathlib import Path
 
 import numpy as np
 
-from isa.builder import SYMBOL_DTYPES, TENSOR_ITEMSIZE
-from isa.encoding import decode
-from isa.errors import EncodingError, FormatError
-from isa.expr import PLAIN_NAME, RESERVED
-from isa.info import program_colors
-from isa.fileio import atomic_write
-from isa.program import (DIR_BITS, Alloc, DataInit, HbmAlloc, HbmInit, HbmPiece, Program, Rect,
+from wse_emu.isa.builder import SYMBOL_DTYPES, TENSOR_ITEMSIZE
+from wse_emu.isa.encoding import decode
+from wse_emu.isa.errors import EncodingError, FormatError
+from wse_emu.isa.expr import PLAIN_NAME, RESERVED
+from wse_emu.isa.info import program_colors
+from wse_emu.isa.fileio import atomic_write
+from wse_emu.isa.program import (DIR_BITS, Alloc, DataInit, HbmAlloc, HbmInit, HbmPiece, Program, Rect,
                          Region, RouteRule, Symbol, Tensor, TileMap, tensor_view_2d)
-from isa.spec import DTYPE_BYTES, DTYPE_NAMES
+from wse_emu.isa.spec import DTYPE_BYTES, DTYPE_NAMES
 
 MAGIC = b"WSEPROG\0"
 VERSION = 2  # 2: the HBM section (buffers, inits and symbol pieces in off-chip memory)

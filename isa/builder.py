@@ -28,12 +28,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from isa.encoding import REGISTERS, FBits, encode, float_bits, kind_text, operand_field
-from isa.errors import BuildError, EncodingError, FormatError
-from isa.expr import PLAIN_NAME, RESERVED
-from isa.program import (DIR_BITS, Alloc, DataInit, HbmAlloc, HbmInit, HbmPiece, Program, Rect,
+from wse_emu.isa.encoding import REGISTERS, FBits, encode, float_bits, kind_text, operand_field
+from wse_emu.isa.errors import BuildError, EncodingError, FormatError
+from wse_emu.isa.expr import PLAIN_NAME, RESERVED
+from wse_emu.isa.program import (DIR_BITS, Alloc, DataInit, HbmAlloc, HbmInit, HbmPiece, Program, Rect,
                          Region, RouteRule, Symbol, Tensor, TileMap)
-from isa.spec import BY_MNEMONIC, DTYPE_BYTES, DTYPE_NAMES, DTYPES, INSTRUCTIONS, STORAGE_DTYPES
+from wse_emu.isa.spec import BY_MNEMONIC, DTYPE_BYTES, DTYPE_NAMES, DTYPES, INSTRUCTIONS, STORAGE_DTYPES
 
 Loc = tuple[str, int, int]
 
@@ -701,7 +701,7 @@ class ProgramBuilder:
             hbm_allocs=tuple(a for a, _ in self._hbm_allocs),
             hbm_inits=tuple(i for i, _ in self._hbm_inits),
             hbm_pieces=tuple(p for p, _ in self._hbm_pieces))
-        from isa.binfmt import check_program
+        from wse_emu.isa.binfmt import check_program
         try:
             check_program(program)
         except FormatError as e:

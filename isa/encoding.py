@@ -17,8 +17,8 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from isa.errors import EncodingError
-from isa.spec import (BY_MNEMONIC, BY_OPCODE, DTYPE_NAMES, DTYPES, KIND_SIGNED, N_DREGS,
+from wse_emu.isa.errors import EncodingError
+from wse_emu.isa.spec import (BY_MNEMONIC, BY_OPCODE, DTYPE_NAMES, DTYPES, KIND_SIGNED, N_DREGS,
                       N_FREGS, N_IREG_SLOTS, N_IREGS, OPCODE_BITS, SLOTS, SPECIAL_IREGS, Instr)
 
 WORD_MASK = (1 << 64) - 1

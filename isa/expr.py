@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from isa.encoding import REGISTERS, FBits
+from wse_emu.isa.encoding import REGISTERS, FBits
 
 
 class ExprError(Exception):

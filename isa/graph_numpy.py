@@ -21,8 +21,8 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from isa.graph import T, Graph, GraphError, Node, Op, WeightRef, verify
-from isa.tensors import TensorError, read_safetensor
+from wse_emu.isa.graph import T, Graph, GraphError, Node, Op, WeightRef, verify
+from wse_emu.isa.tensors import TensorError, read_safetensor
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _INV_SQRT_2 = 1.0 / math.sqrt(2.0)
@@ -160,7 +160,7 @@ _EVAL: Mapping[Op, Callable] = {
 
 
 def _bf16_round(x: np.ndarray) -> np.ndarray:
-    from kernels.convert import bf16_to_f32_array, f32_to_bf16_array
+    from wse_emu.kernels.convert import bf16_to_f32_array, f32_to_bf16_array
 
     return bf16_to_f32_array(f32_to_bf16_array(np.ascontiguousarray(x, dtype=np.float32)))
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 import re
 
-from isa.encoding import decode
-from isa.builder import TENSOR_ITEMSIZE
-from isa.program import Program, Region
-from isa.spec import DTYPE_NAMES
+from wse_emu.isa.encoding import decode
+from wse_emu.isa.builder import TENSOR_ITEMSIZE
+from wse_emu.isa.program import Program, Region
+from wse_emu.isa.spec import DTYPE_NAMES
 
 
 def _region(program: Program, region: Region | str) -> Region:

@@ -122,7 +122,7 @@ class TileMap:
 
     @property
     def nbytes(self) -> int:
-        from isa.spec import DTYPE_BYTES
+        from wse_emu.isa.spec import DTYPE_BYTES
 
         return self.tile[0] * self.tile[1] * DTYPE_BYTES[self.dtype]
 
@@ -221,7 +221,7 @@ class HbmInit:
         return (r, c)
 
     def nbytes(self, tensor_shape: tuple[int, ...]) -> int:
-        from isa.spec import DTYPE_BYTES
+        from wse_emu.isa.spec import DTYPE_BYTES
 
         r, c = self.matrix_shape(tensor_shape)
         return r * c * DTYPE_BYTES[self.dtype]
@@ -265,7 +265,7 @@ class Program:
 
     def region_sram_bytes(self, region: Region) -> int:
         """Highest SRAM byte (exclusive) used on the region's PEs by code, allocs, data and symbols."""
-        from isa.spec import INSTR_BYTES
+        from wse_emu.isa.spec import INSTR_BYTES
 
         top = len(region.code) * INSTR_BYTES
         for a in region.allocs:
@@ -282,7 +282,7 @@ class Program:
         full-size model)."""
         import numpy as np
 
-        from isa.spec import INSTR_BYTES
+        from wse_emu.isa.spec import INSTR_BYTES
 
         regions = self.regions
         top = np.array([max([len(r.code) * INSTR_BYTES] + [a.addr + a.nbytes for a in r.allocs])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from isa.program import Tensor
+from wse_emu.isa.program import Tensor
 
 _ST_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "bf16", "I32": "<i4", "I64": "<i8", "F64": "<f8"}
 

@@ -13,7 +13,7 @@ Fabric payloads are uint32 wavelets: fp32 bits, or the 16-bit pattern in the low
 import numpy as np
 from numba import njit
 
-from kernels.convert import (bf16_to_f32, f16_to_f32, f32_bits, f32_from_bits, f32_to_bf16,
+from wse_emu.kernels.convert import (bf16_to_f32, f16_to_f32, f32_bits, f32_from_bits, f32_to_bf16,
                              f32_to_f16)
 
 DT_F32 = 0

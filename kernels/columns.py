@@ -37,8 +37,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from kernels.access import DT_BF16, DT_F16, DT_F32
-from kernels.prefetch import INTRINSIC as PREFETCH
+from wse_emu.kernels.access import DT_BF16, DT_F16, DT_F32
+from wse_emu.kernels.prefetch import INTRINSIC as PREFETCH
 
 LANES = 16  # fp32 lanes of a 512-bit vector; LLVM splits them on narrower targets
 BLOCK = 4  # vectors of accumulators per row block (64 rows)

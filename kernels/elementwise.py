@@ -12,7 +12,7 @@ import math
 import numpy as np
 from numba import njit
 
-from kernels.scalar import fexp, fmax, fmin, frsqrt
+from wse_emu.kernels.scalar import fexp, fmax, fmin, frsqrt
 
 UN_MOV = 0
 UN_EXP = 1

@@ -12,9 +12,9 @@ columns of B (mm).
 import numpy as np
 from numba import njit
 
-from kernels.access import DT_F16, DT_F32, dtype_bytes, gather
-from kernels.columns import axpy_16, axpy_f32
-from kernels.convert import bf16_to_f32, f16_to_f32
+from wse_emu.kernels.access import DT_F16, DT_F32, dtype_bytes, gather
+from wse_emu.kernels.columns import axpy_16, axpy_f32
+from wse_emu.kernels.convert import bf16_to_f32, f16_to_f32
 
 
 @njit(cache=True)

@@ -9,7 +9,7 @@ fastmath); they do not vectorise, and that is the price of bit-reproducible resu
 import numpy as np
 from numba import njit
 
-from kernels.scalar import fmax
+from wse_emu.kernels.scalar import fmax
 
 
 @njit(cache=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from isa.asm import assemble
+from wse_emu.isa.asm import assemble
 
 HERE = Path(__file__).resolve().parent
 

@@ -12,12 +12,12 @@ import math
 
 import numpy as np
 
-from isa.builder import ProgramBuilder, RegionBuilder
-from isa.compiler.codegen_attn import AttentionCodegen
-from isa.compiler.emit import (I32, PR, QR, ZF, ZR, Labels, at, drop, forward, mem, norm_code,
+from wse_emu.isa.builder import ProgramBuilder, RegionBuilder
+from wse_emu.isa.compiler.codegen_attn import AttentionCodegen
+from wse_emu.isa.compiler.emit import (I32, PR, QR, ZF, ZR, Labels, at, drop, forward, mem, norm_code,
                                parity, positions, recv, send, stage_position)
-from isa.compiler.lower import CompileError, Flow, Plan, Stage
-from isa.compiler.placement import WEIGHT_BYTES, Placed, table_rows, vector_layout
+from wse_emu.isa.compiler.lower import CompileError, Flow, Plan, Stage
+from wse_emu.isa.compiler.placement import WEIGHT_BYTES, Placed, table_rows, vector_layout
 
 
 class Codegen(AttentionCodegen):

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from isa.compiler.emit import (I32, ZF, ZR, at, drop, mem, positions, recv, rope_code, send,
+from wse_emu.isa.compiler.emit import (I32, ZF, ZR, at, drop, mem, positions, recv, rope_code, send,
                                softmax_code)
-from isa.compiler.lower import Stage
-from isa.compiler.placement import WEIGHT_BYTES, Placed
+from wse_emu.isa.compiler.lower import Stage
+from wse_emu.isa.compiler.placement import WEIGHT_BYTES, Placed
 
 
 class AttentionCodegen:

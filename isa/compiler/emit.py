@@ -8,9 +8,9 @@ scratch of these helpers.
 
 from __future__ import annotations
 
-from isa.builder import RegionBuilder
-from isa.compiler.placement import Placed
-from isa.spec import STORAGE_DTYPES
+from wse_emu.isa.builder import RegionBuilder
+from wse_emu.isa.compiler.placement import Placed
+from wse_emu.isa.spec import STORAGE_DTYPES
 
 ZR, ZF = "r15", "f15"  # always zero
 QR, PR = "r13", "r14"  # stage-relative column, row

@@ -40,16 +40,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from isa.builder import ProgramBuilder
-from isa.compiler.codegen_attn import _rope_tables
-from isa.compiler.emit import I32, ZR, Labels, norm_code
-from isa.compiler.hbm_attn import HbmAttention
-from isa.compiler.hbm_emit import IO_BYTES, RL, Ha, li64, smem
-from isa.compiler.lower import CompileError, Plan, Stage
-from isa.compiler.pack import CompileReport, Weights, declare_symbols
-from isa.compiler.placement import WEIGHT_BYTES
-from isa.errors import BuildError
-from isa.spec import INSTR_BYTES
+from wse_emu.isa.builder import ProgramBuilder
+from wse_emu.isa.compiler.codegen_attn import _rope_tables
+from wse_emu.isa.compiler.emit import I32, ZR, Labels, norm_code
+from wse_emu.isa.compiler.hbm_attn import HbmAttention
+from wse_emu.isa.compiler.hbm_emit import IO_BYTES, RL, Ha, li64, smem
+from wse_emu.isa.compiler.lower import CompileError, Plan, Stage
+from wse_emu.isa.compiler.pack import CompileReport, Weights, declare_symbols
+from wse_emu.isa.compiler.placement import WEIGHT_BYTES
+from wse_emu.isa.errors import BuildError
+from wse_emu.isa.spec import INSTR_BYTES
 
 RC = "r11"  # the layer loop counter (RL, r12: the layer block base address)
 MAX_TILE = 64 * 1024  # weight tile bytes: large enough to amortise a DMA, two fit any SM

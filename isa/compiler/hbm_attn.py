@@ -10,10 +10,10 @@ also K row-major) with the unfilled rows of the last chunk and their scores zero
 
 from __future__ import annotations
 
-from isa.compiler.emit import ZF, ZR, rope_code, softmax_code
-from isa.compiler.hbm_emit import Ha, li64, smem
-from isa.compiler.lower import Stage
-from isa.compiler.placement import WEIGHT_BYTES
+from wse_emu.isa.compiler.emit import ZF, ZR, rope_code, softmax_code
+from wse_emu.isa.compiler.hbm_emit import Ha, li64, smem
+from wse_emu.isa.compiler.lower import Stage
+from wse_emu.isa.compiler.placement import WEIGHT_BYTES
 
 
 class HbmAttention:

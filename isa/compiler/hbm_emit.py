@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from isa.compiler.emit import ZR
+from wse_emu.isa.compiler.emit import ZR
 
 RL = "r12"  # the layer block's HBM base address inside a layer's code
 S0 = "r10"  # scratch of smem for lengths past 16 bits

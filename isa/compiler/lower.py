@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from isa.graph import Graph, Node, Op, WeightRef
+from wse_emu.isa.graph import Graph, Node, Op, WeightRef
 
 
 class CompileError(ValueError):

@@ -12,12 +12,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from isa.builder import ProgramBuilder
-from isa.compiler.lower import CompileError, Plan
-from isa.compiler.placement import Placed
-from isa.graph import WeightRef
-from isa.program import Program
-from isa.tensors import safetensors_index
+from wse_emu.isa.builder import ProgramBuilder
+from wse_emu.isa.compiler.lower import CompileError, Plan
+from wse_emu.isa.compiler.placement import Placed
+from wse_emu.isa.graph import WeightRef
+from wse_emu.isa.program import Program
+from wse_emu.isa.tensors import safetensors_index
 
 _ST_DTYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 

@@ -14,14 +14,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from isa.builder import ProgramBuilder
-from isa.compiler.codegen import Codegen
-from isa.compiler.lower import CompileError, Plan, lower
-from isa.compiler.pack import CompileReport, Weights, declare_symbols, pack
-from isa.compiler.placement import DoesNotFit, Placed, place
-from isa.compiler.routing import route
-from isa.errors import BuildError
-from isa.graph import Graph, GraphError, bind_positions, format_graph, from_json, verify
+from wse_emu.isa.builder import ProgramBuilder
+from wse_emu.isa.compiler.codegen import Codegen
+from wse_emu.isa.compiler.lower import CompileError, Plan, lower
+from wse_emu.isa.compiler.pack import CompileReport, Weights, declare_symbols, pack
+from wse_emu.isa.compiler.placement import DoesNotFit, Placed, place
+from wse_emu.isa.compiler.routing import route
+from wse_emu.isa.errors import BuildError
+from wse_emu.isa.graph import Graph, GraphError, bind_positions, format_graph, from_json, verify
 
 DTYPE_NAMES = {"f32": "f32", "fp32": "f32", "f16": "f16", "fp16": "f16", "bf16": "bf16"}
 DUMPS = ("graph", "stages", "placement", "routes")
@@ -31,7 +31,7 @@ def load_graph(source, shape_only: bool = False, max_context: int | None = None)
     """The layer graph of an HF model folder or a *.graph.json file."""
     path = Path(source)
     if path.is_dir():
-        from isa.frontends.hf import FrontendError, load_hf
+        from wse_emu.isa.frontends.hf import FrontendError, load_hf
         try:
             return load_hf(path, shape_only=shape_only, max_context=max_context)
         except FrontendError as e:
@@ -89,7 +89,7 @@ def compile_model(source, machine, dtype: str = "f32", max_context: int | None =
         print(format_stages(plan), file=out)
     if hbm_target:
         # one kernel over every core, weights streamed from HBM (isa/compiler/hbm.py)
-        from isa.compiler.hbm import compile_hbm, format_hbm
+        from wse_emu.isa.compiler.hbm import compile_hbm, format_hbm
         name = Path(str(source)).name.replace(".graph.json", "") or "model"
         program, report = compile_hbm(plan, machine, dtype, shape_only, base_dir, name)
         if "placement" in dump:

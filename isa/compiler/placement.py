@@ -24,8 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from isa.compiler.lower import CompileError, Plan, Stage
-from isa.program import Rect
+from wse_emu.isa.compiler.lower import CompileError, Plan, Stage
+from wse_emu.isa.program import Rect
 
 class DoesNotFit(CompileError):
     """The stages need more of the fabric than the machine has."""

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from isa.compiler.lower import CompileError, Plan
-from isa.compiler.placement import Placed
-from isa.program import DIR_BITS, Rect, RouteRule
+from wse_emu.isa.compiler.lower import CompileError, Plan
+from wse_emu.isa.compiler.placement import Placed
+from wse_emu.isa.program import DIR_BITS, Rect, RouteRule
 
 N, E, S, W, RAMP = (DIR_BITS[k] for k in ("N", "E", "S", "W", "RAMP"))
 TOWARD = {N: S, S: N, E: W, W: E}  # the port a wavelet enters by after leaving through one

@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from isa.graph import T, Graph, GraphBuilder, GraphConfig, GraphError, Op, WeightRef
-from isa.tensors import TensorError, safetensors_index
+from wse_emu.isa.graph import T, Graph, GraphBuilder, GraphConfig, GraphError, Op, WeightRef
+from wse_emu.isa.tensors import TensorError, safetensors_index
 
 SUPPORTED_ARCHITECTURES = {
     "GPT2LMHeadModel": "gpt2",

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from emulator.api import execute
+from wse_emu.emulator.api import execute
 from programs.conftest import build, same_run
 
 

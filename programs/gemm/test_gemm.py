@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from emulator.api import execute
-from kernels.convert import bf16_to_f32_array, f32_to_bf16_array
+from wse_emu.emulator.api import execute
+from wse_emu.kernels.convert import bf16_to_f32_array, f32_to_bf16_array
 from programs.conftest import build, same_run
 
 

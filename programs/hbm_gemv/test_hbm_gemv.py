@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from emulator.api import execute
-from emulator.load import LoadError
-from emulator.machine import load_machine
-from kernels.convert import bf16_to_f32_array, f32_to_bf16_array
+from wse_emu.emulator.api import execute
+from wse_emu.emulator.load import LoadError
+from wse_emu.emulator.machine import load_machine
+from wse_emu.kernels.convert import bf16_to_f32_array, f32_to_bf16_array
 from programs.conftest import build, same_run
 
 H100 = load_machine("h100")

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from emulator.api import execute
+from wse_emu.emulator.api import execute
 from programs.conftest import build, same_run
 
 

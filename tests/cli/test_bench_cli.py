@@ -15,10 +15,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from emulator.benchreport import markdown, violations
-from emulator.benchsuite import (CONTEXT_LADDER, Case, ModelFigures, critical_path,
+from wse_emu.emulator.benchreport import markdown, violations
+from wse_emu.emulator.benchsuite import (CONTEXT_LADDER, Case, ModelFigures, critical_path,
                                  machine_json, measure, model_figures)
-from emulator.machine import load_machine
+from wse_emu.emulator.machine import load_machine
 
 GPT2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 64, "n_layer": 2,
         "n_head": 4, "n_positions": 64, "vocab_size": 256, "activation_function": "gelu_new"}
@@ -221,7 +221,7 @@ def test_the_critical_path_is_a_running_maximum_over_the_stage_chain():
 
 
 def test_model_figures_count_a_tied_head_once(tmp_path):
-    from isa.compiler.pipeline import load_graph
+    from wse_emu.isa.compiler.pipeline import load_graph
 
     folder = tmp_path / "g"
     folder.mkdir()

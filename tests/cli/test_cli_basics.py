@@ -19,10 +19,10 @@ GPUS = [("a100", 108, 164, 80, 2.04), ("h100", 132, 228, 80, 3.35), ("h200", 132
 PROBE = """\
 import json, sys
 from click.testing import CliRunner
-import emulator.cli
-result = CliRunner().invoke(emulator.cli.main, sys.argv[1:])
+from wse_emu.emulator.cli import main
+result = CliRunner().invoke(main, sys.argv[1:])
 print(json.dumps({"code": result.exit_code, "numba": "numba" in sys.modules,
-                  "core": "emulator.core" in sys.modules,
+                  "core": "wse_emu.emulator.core" in sys.modules,
                   "error": repr(result.exception) if result.exception else None}))
 """
 

@@ -8,8 +8,8 @@ import shutil
 import numpy as np
 import pytest
 
-from emulator.machine import load_machine
-from isa.spec import COST_CLASSES
+from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.spec import COST_CLASSES
 
 WSE3_CLOCK_HZ = 1.1e9
 M = K = 512

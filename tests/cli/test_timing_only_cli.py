@@ -88,7 +88,7 @@ def test_generate_refuses_what_it_cannot_do(wse, user_error, shape_bin, extra, f
 
 def test_a_functional_program_runs_timing_only_in_the_same_cycles(wse, tmp_path):
     """Any program may run timing-only, not only shape-only compiles."""
-    from isa.binfmt import write_program
+    from wse_emu.isa.binfmt import write_program
     from programs.conftest import build
 
     w = np.random.default_rng(0).standard_normal((32, 32), dtype=np.float32)

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from emulator.generate import Generator
-from emulator.load import LoadError
-from emulator.machine import load_machine
-from isa.binfmt import dumps
-from isa.compiler import compile_model
-from isa.compiler.pipeline import load_graph
-from isa.graph_numpy import GraphRunner
+from wse_emu.emulator.generate import Generator
+from wse_emu.emulator.load import LoadError
+from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.binfmt import dumps
+from wse_emu.isa.compiler import compile_model
+from wse_emu.isa.compiler.pipeline import load_graph
+from wse_emu.isa.graph_numpy import GraphRunner
 from tests.graph.hf_models import load_torch, make_gpt2, make_llama
 
 PROMPT = [5, 17, 300]

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 import torch
 
-from emulator.api import execute
-from emulator.generate import Generator
-from emulator.load import LoadError
-from emulator.machine import load_machine
-from isa.compiler import CompileError, compile_model
+from wse_emu.emulator.api import execute
+from wse_emu.emulator.generate import Generator
+from wse_emu.emulator.load import LoadError
+from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.compiler import CompileError, compile_model
 from tests.graph.hf_models import load_torch, make_bert, make_gpt2, make_llama
 
 IDS = np.array([3, 99, 7, 400, 12, 5, 250, 31])

@@ -6,17 +6,17 @@ import re
 import numpy as np
 import pytest
 
-from emulator.generate import Generator
-from emulator.load import load
-from emulator.machine import load_machine
-from isa.compiler import compile_model
-from isa.compiler.lower import lower
-from isa.compiler.pipeline import load_graph, place_fastest
-from isa.compiler.placement import place
-from isa.compiler.routing import E, N, RAMP, S, W, _Cells, _path_and_tree, _rules
-from isa.graph import bind_positions, to_json
-from isa.graph_numpy import GraphRunner
-from isa.program import Rect
+from wse_emu.emulator.generate import Generator
+from wse_emu.emulator.load import load
+from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.compiler import compile_model
+from wse_emu.isa.compiler.lower import lower
+from wse_emu.isa.compiler.pipeline import load_graph, place_fastest
+from wse_emu.isa.compiler.placement import place
+from wse_emu.isa.compiler.routing import E, N, RAMP, S, W, _Cells, _path_and_tree, _rules
+from wse_emu.isa.graph import bind_positions, to_json
+from wse_emu.isa.graph_numpy import GraphRunner
+from wse_emu.isa.program import Rect
 from tests.graph.hf_models import make_llama
 
 
@@ -124,7 +124,7 @@ def test_placement_takes_the_smallest_tiles_that_fit(llama_dir):
 def test_split_embedding_columns_join_in_order(llama_dir, monkeypatch):
     """Tables too wide for one PE are cut into column blocks that join east along the top row
     (GPT-2-XL needs it); force the cut on a small model by hiding the divisor 1 of hidden."""
-    import isa.compiler.placement as placement
+    import wse_emu.isa.compiler.placement as placement
 
     divisors = placement._divisors
     monkeypatch.setattr(placement, "_divisors",

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from emulator.machine import load_machine
-from isa.compiler import CompileError, compile_model
-from isa.compiler.pipeline import load_graph
-from isa.graph import to_json
+from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.compiler import CompileError, compile_model
+from wse_emu.isa.compiler.pipeline import load_graph
+from wse_emu.isa.graph import to_json
 
 GPT2_XL = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 1600,
            "n_layer": 48, "n_head": 25, "n_positions": 1024, "vocab_size": 50257,

@@ -12,14 +12,14 @@ import dataclasses
 import numpy as np
 import pytest
 
-from emulator.generate import Generator
-from emulator.machine import load_machine
-from isa.compiler import compile_model
-from isa.compiler.lower import CompileError
-from isa.compiler.pipeline import load_graph
-from isa.compiler.placement import Placed, _bands, _strips
-from isa.graph_numpy import GraphRunner
-from isa.program import Rect
+from wse_emu.emulator.generate import Generator
+from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.compiler import compile_model
+from wse_emu.isa.compiler.lower import CompileError
+from wse_emu.isa.compiler.pipeline import load_graph
+from wse_emu.isa.compiler.placement import Placed, _bands, _strips
+from wse_emu.isa.graph_numpy import GraphRunner
+from wse_emu.isa.program import Rect
 from tests.graph.hf_models import make_gpt2, make_llama
 
 PROMPT = [5, 17, 300]
@@ -68,7 +68,7 @@ def test_the_llama_3_8b_shape_fits_one_wse3(tmp_path):
     vector stage within one PE's SRAM."""
     import json
 
-    from emulator.benchsuite import BUILTIN_MODELS
+    from wse_emu.emulator.benchsuite import BUILTIN_MODELS
 
     (tmp_path / "config.json").write_text(json.dumps(BUILTIN_MODELS["llama-3-8b"]))
     wse3 = load_machine("wse3")

@@ -4,10 +4,10 @@ the fastest. The pick must beat both ends of the range on an emulated decode ste
 
 import json
 
-import isa.compiler.pipeline as pipeline
-from emulator.generate import Generator
-from emulator.machine import load_machine
-from isa.compiler.placement import place
+import wse_emu.isa.compiler.pipeline as pipeline
+from wse_emu.emulator.generate import Generator
+from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.compiler.placement import place
 
 CONFIG = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 512,
           "n_layer": 2, "n_head": 8, "n_positions": 64, "vocab_size": 4096,

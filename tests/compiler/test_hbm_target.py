@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-import isa.compiler.hbm as hbm
-from emulator.generate import Generator
-from emulator.machine import load_machine
-from isa.compiler import compile_model
-from isa.compiler.lower import CompileError
+import wse_emu.isa.compiler.hbm as hbm
+from wse_emu.emulator.generate import Generator
+from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.compiler import compile_model
+from wse_emu.isa.compiler.lower import CompileError
 from tests.graph.hf_models import load_torch, make_bert, make_gpt2, make_llama
 
 PROMPT = [5, 17, 300]
@@ -215,7 +215,7 @@ def test_the_llama_3_8b_shape_decodes_on_h100_timing_only(tmp_path):
     """The issue's full-size model on the real preset (132 SMs, 80 GB): shape-only compile,
     one timing-only decode token at the last position of a 1024 context; every weight byte
     crosses HBM, and the token is slower than the bandwidth floor but within 2x of it."""
-    from emulator.benchsuite import BUILTIN_MODELS
+    from wse_emu.emulator.benchsuite import BUILTIN_MODELS
 
     (tmp_path / "config.json").write_text(json.dumps(BUILTIN_MODELS["llama-3-8b"]))
     h100 = load_machine("h100")
@@ -250,9 +250,9 @@ def test_swiglu_streams_its_up_half_when_sram_is_short(models, monkeypatch):
 
 def program_layout(model, machine):
     """The HBM layout the compiler chose (tile rows, chunked SwiGLU) for a model."""
-    from isa.compiler.lower import lower
-    from isa.compiler.pipeline import load_graph
-    from isa.graph import bind_positions
+    from wse_emu.isa.compiler.lower import lower
+    from wse_emu.isa.compiler.pipeline import load_graph
+    from wse_emu.isa.graph import bind_positions
 
     plan = lower(bind_positions(load_graph(model, max_context=MAX_CONTEXT), 1))
     c = hbm.HbmCompiler(plan, machine, "f32", False, None, "m")
@@ -261,7 +261,7 @@ def program_layout(model, machine):
 
 
 def test_loading_on_the_wrong_machine_names_the_right_one(compiled):
-    from emulator.load import LoadError, load
+    from wse_emu.emulator.load import LoadError, load
 
     with pytest.raises(LoadError, match=r" \(the program was compiled for machine 'h100': "
                                         r"pass --machine h100\)$"):

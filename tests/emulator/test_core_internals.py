@@ -9,18 +9,18 @@ import itertools
 import numpy as np
 import pytest
 
-from emulator import core
-from emulator.api import execute
-from emulator.core_exec import simd_variant
-from emulator.core_state import (CL_KIND, K_MESSAGES, K_QUEUED, Q_QUEUED, _STATIC, State,
+from wse_emu.emulator import core
+from wse_emu.emulator.api import execute
+from wse_emu.emulator.core_exec import simd_variant
+from wse_emu.emulator.core_state import (CL_KIND, K_MESSAGES, K_QUEUED, Q_QUEUED, _STATIC, State,
                                  class_kinds,
                                  simd_key_table, static)
-from emulator.load import load, read_output, write_input
-from emulator.machine import load_machine
-from emulator.reference import run as reference_run
-from emulator.result import RUN_HALTED, RUN_MAX_CYCLES
-from isa.builder import ProgramBuilder
-from isa.spec import COST_CLASSES, DTYPES, FIXED_CLASSES, SIMD_KEYS, simd_key
+from wse_emu.emulator.load import load, read_output, write_input
+from wse_emu.emulator.machine import load_machine
+from wse_emu.emulator.reference import run as reference_run
+from wse_emu.emulator.result import RUN_HALTED, RUN_MAX_CYCLES
+from wse_emu.isa.builder import ProgramBuilder
+from wse_emu.isa.spec import COST_CLASSES, DTYPES, FIXED_CLASSES, SIMD_KEYS, simd_key
 from programs.conftest import build, same_run
 
 
@@ -179,7 +179,7 @@ def test_the_table_cache_lets_go_of_a_dropped_loaded():
 
 
 def test_the_reference_refuses_a_timing_only_loaded():
-    from emulator import reference
+    from wse_emu.emulator import reference
     ld = load(exchange(messages=1), load_machine("tiny"), with_data=False)
     with pytest.raises(ValueError, match="functional programs only"):
         reference.run(ld)
@@ -200,7 +200,7 @@ def test_the_scheduler_heap_orders_like_heapq():
     import heapq
     import random
 
-    from emulator.core_fabric import heap_pop_top, heap_push, heap_replace_top, still_first
+    from wse_emu.emulator.core_fabric import heap_pop_top, heap_push, heap_replace_top, still_first
     r = random.Random(5)
     n, bits = 200, 8
     heap = np.zeros(n, np.int64)
@@ -234,7 +234,7 @@ def test_a_heap_above_the_prefetch_size_orders_like_heapq():
     pops the same keys as heapq, through replace-top and pop."""
     import heapq
 
-    from emulator.core_fabric import HEAP_PREFETCH_MIN, heap_pop_top, heap_push, heap_replace_top
+    from wse_emu.emulator.core_fabric import HEAP_PREFETCH_MIN, heap_pop_top, heap_push, heap_replace_top
     rng = np.random.default_rng(7)
     n, bits = HEAP_PREFETCH_MIN + 1000, 17
     clocks = rng.integers(0, 1 << 20, n)

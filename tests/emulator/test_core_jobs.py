@@ -9,17 +9,17 @@ import numpy as np
 import pytest
 from numba import njit
 
-from emulator import core
-from emulator.core_jobs import _run_job, atomic_load, atomic_store, drain, worker
-from emulator.core_sched import R_DONE, R_GROW, run_slice
-from emulator.core_state import (CT_DONE, CT_HEAD, CT_HELPED, CT_OUT, CT_SEEN, CT_STOLEN, CT_STOP,
+from wse_emu.emulator import core
+from wse_emu.emulator.core_jobs import _run_job, atomic_load, atomic_store, drain, worker
+from wse_emu.emulator.core_sched import R_DONE, R_GROW, run_slice
+from wse_emu.emulator.core_state import (CT_DONE, CT_HEAD, CT_HELPED, CT_OUT, CT_SEEN, CT_STOLEN, CT_STOP,
                                  J_CLAIMED, J_DONE, J_FREE, J_P, J_READY, J_SEQ, J_STATE,
                                  J_TOTAL, MP_ASYNC, N_PE_COLS, P_PENDING, State, new_ring, static)
-from emulator.load import load, read_output, write_input
-from emulator.machine import load_machine
-from emulator.reference import run as reference_run
-from emulator.result import RUN_HALTED
-from isa.builder import ProgramBuilder
+from wse_emu.emulator.load import load, read_output, write_input
+from wse_emu.emulator.machine import load_machine
+from wse_emu.emulator.reference import run as reference_run
+from wse_emu.emulator.result import RUN_HALTED
+from wse_emu.isa.builder import ProgramBuilder
 from programs.conftest import build, same_run
 
 

@@ -9,14 +9,14 @@ import random
 import numpy as np
 import pytest
 
-from emulator.api import execute
-from emulator.result import (
+from wse_emu.emulator.api import execute
+from wse_emu.emulator.result import (
     F_ALIGN, F_COUNT, F_DEST_NOT_MEM, F_FABIN_DEST, F_FABOUT_SRC, F_MATRIX_FABRIC, F_NO_ROUTE,
     F_OOB, F_PC_END, F_SAME_COLOR, F_SCALAR_MEM, F_SHAPE, F_TARGET, RUN_DEADLOCK, RUN_FAULT,
     RUN_HALTED, RUN_MAX_CYCLES, ST_FAULT, ST_HALT, ST_WAIT_RECV)
-from isa.builder import ProgramBuilder
-from isa.encoding import encode
-from isa.program import Program, Rect, Region
+from wse_emu.isa.builder import ProgramBuilder
+from wse_emu.isa.encoding import encode
+from wse_emu.isa.program import Program, Rect, Region
 from programs.conftest import same_run
 
 

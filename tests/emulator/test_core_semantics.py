@@ -12,10 +12,10 @@ import math
 import numpy as np
 import pytest
 
-from emulator.api import execute
-from emulator.result import RUN_HALTED
-from isa.builder import ProgramBuilder
-from kernels.convert import bf16_to_f32_array, f32_to_bf16_array
+from wse_emu.emulator.api import execute
+from wse_emu.emulator.result import RUN_HALTED
+from wse_emu.isa.builder import ProgramBuilder
+from wse_emu.kernels.convert import bf16_to_f32_array, f32_to_bf16_array
 
 MASK = (1 << 64) - 1
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from emulator.api import execute
-from emulator.result import RUN_HALTED
-from isa.builder import ProgramBuilder
+from wse_emu.emulator.api import execute
+from wse_emu.emulator.result import RUN_HALTED
+from wse_emu.isa.builder import ProgramBuilder
 from programs.conftest import same_run
 
 

@@ -9,12 +9,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from emulator.api import execute
-from emulator.load import N_PORTS
-from emulator.machine import load_machine
-from emulator.result import RUN_HALTED
-from isa.builder import ProgramBuilder
-from isa.program import DIR_E, DIR_RAMP, DIR_S
+from wse_emu.emulator.api import execute
+from wse_emu.emulator.load import N_PORTS
+from wse_emu.emulator.machine import load_machine
+from wse_emu.emulator.result import RUN_HALTED
+from wse_emu.isa.builder import ProgramBuilder
+from wse_emu.isa.program import DIR_E, DIR_RAMP, DIR_S
 from programs.conftest import same_run
 
 L = 16  # wavelets per message

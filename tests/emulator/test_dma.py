@@ -10,14 +10,14 @@ import math
 import numpy as np
 import pytest
 
-from emulator.api import execute
-from emulator.load import LoadError, load
-from emulator.machine import load_machine
-from emulator import report
-from emulator.result import (F_ALIGN, F_DMA_DESC, F_DMA_TAG, F_HBM_RANGE, FAULT_REASONS,
+from wse_emu.emulator.api import execute
+from wse_emu.emulator.load import LoadError, load
+from wse_emu.emulator.machine import load_machine
+from wse_emu.emulator import report
+from wse_emu.emulator.result import (F_ALIGN, F_DMA_DESC, F_DMA_TAG, F_HBM_RANGE, FAULT_REASONS,
                              RUN_FAULT, RUN_HALTED)
-from isa.builder import ProgramBuilder
-from isa.spec import COST_CLASSES
+from wse_emu.isa.builder import ProgramBuilder
+from wse_emu.isa.spec import COST_CLASSES
 from programs.conftest import same_run
 
 BASE = load_machine("test64")
@@ -350,8 +350,8 @@ ASM = """
 
 
 def test_assembler_and_disassembler_round_trip_dma(tmp_path):
-    from isa.asm import assemble, assemble_file
-    from isa.disasm import disassemble
+    from wse_emu.isa.asm import assemble, assemble_file
+    from wse_emu.isa.disasm import disassemble
     program = assemble(ASM, "dma.wsa")
     text = open(disassemble(program, str(tmp_path), "dma")).read()
     assert "dmald d2, r3, 7" in text and "dmast d2, r3, 1" in text and "dmawait 7" in text

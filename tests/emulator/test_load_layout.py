@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from emulator.api import execute
-from emulator.load import LoadError, load, region_footprints, write_input
-from emulator.machine import load_machine
-from emulator.result import F_OOB, F_SCALAR_MEM, RUN_FAULT, RUN_HALTED
-from isa.builder import ProgramBuilder
-from isa.program import DIR_RAMP
+from wse_emu.emulator.api import execute
+from wse_emu.emulator.load import LoadError, load, region_footprints, write_input
+from wse_emu.emulator.machine import load_machine
+from wse_emu.emulator.result import F_OOB, F_SCALAR_MEM, RUN_FAULT, RUN_HALTED
+from wse_emu.isa.builder import ProgramBuilder
+from wse_emu.isa.program import DIR_RAMP
 from programs.conftest import build
 
 rng = np.random.default_rng(3)
@@ -83,7 +83,7 @@ def test_an_address_only_another_region_declares_is_a_fault(vector, reason, engi
 
 
 def test_vectorised_footprints_equal_the_programs(tmp_path):
-    from isa.compiler import compile_model
+    from wse_emu.isa.compiler import compile_model
     from tests.graph.hf_models import make_llama
 
     programs = [build("gemv", {"W": rng.standard_normal((64, 64), dtype=np.float32)}, M=64,

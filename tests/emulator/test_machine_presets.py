@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from emulator.machine import MachineError, load_machine, machine_from_dict
+from wse_emu.emulator.machine import MachineError, load_machine, machine_from_dict
 
 
 @pytest.mark.parametrize("name, sms, bw, cap, clock", [

@@ -18,10 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from emulator.api import execute
-from emulator.machine import load_machine
-from isa.builder import ProgramBuilder
-from isa.spec import INSTRUCTIONS
+from wse_emu.emulator.api import execute
+from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.builder import ProgramBuilder
+from wse_emu.isa.spec import INSTRUCTIONS
 from programs.conftest import same_run
 
 L = 12  # elements of every vector buffer

@@ -12,18 +12,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from emulator.api import execute
-from emulator.core import run
-from emulator.core_state import static
-from emulator.generate import Generator
-from emulator.load import LoadError, load, read_output, write_input
-from emulator.machine import load_machine
-from emulator.result import (FAULT_REASONS, F_SCALAR_MEM, F_TIMING_DATA, RUN_FAULT,
+from wse_emu.emulator.api import execute
+from wse_emu.emulator.core import run
+from wse_emu.emulator.core_state import static
+from wse_emu.emulator.generate import Generator
+from wse_emu.emulator.load import LoadError, load, read_output, write_input
+from wse_emu.emulator.machine import load_machine
+from wse_emu.emulator.result import (FAULT_REASONS, F_SCALAR_MEM, F_TIMING_DATA, RUN_FAULT,
                              RUN_HALTED)
-from isa.builder import ProgramBuilder
-from isa.compiler import compile_model
-from isa.encoding import decode_fields
-from isa.spec import INSTRUCTIONS
+from wse_emu.isa.builder import ProgramBuilder
+from wse_emu.isa.compiler import compile_model
+from wse_emu.isa.encoding import decode_fields
+from wse_emu.isa.spec import INSTRUCTIONS
 from programs.conftest import build
 from tests.emulator.test_reference_vs_core import KINDS, TINY_HBM, build_program
 
@@ -397,7 +397,7 @@ def test_timing_only_generate_feeds_a_given_token(tiny_models):
 
 
 def test_the_sram_snapshot_puts_back_exactly_what_was_there():
-    from emulator.load import PAGE, PageSnapshot
+    from wse_emu.emulator.load import PAGE, PageSnapshot
 
     sram = np.zeros(5 * PAGE + 24, dtype=np.uint8)
     sram[[10, PAGE * 3 + 7, 5 * PAGE + 3]] = [1, 2, 3]  # pages 0 and 3 and the tail

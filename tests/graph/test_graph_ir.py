@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from isa.frontends.hf import load_hf
-from isa.graph import (GROUPS, RULES, T, Graph, GraphBuilder, GraphConfig, GraphError, Op,
+from wse_emu.isa.frontends.hf import load_hf
+from wse_emu.isa.graph import (GROUPS, RULES, T, Graph, GraphBuilder, GraphConfig, GraphError, Op,
                        WeightRef, bind_positions, format_graph, verify)
 
 CONFIG = GraphConfig("test", hidden=8, layers=1, heads=2, kv_heads=1, head_dim=4,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from isa.frontends.hf import load_hf
-from isa.graph import GraphError, from_json, to_json
+from wse_emu.isa.frontends.hf import load_hf
+from wse_emu.isa.graph import GraphError, from_json, to_json
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "graph.md"
 

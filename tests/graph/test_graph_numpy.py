@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from isa.frontends.hf import load_hf
-from isa.graph import LEAVES, T, GraphBuilder, GraphConfig, GraphError, Op, WeightRef, \
+from wse_emu.isa.frontends.hf import load_hf
+from wse_emu.isa.graph import LEAVES, T, GraphBuilder, GraphConfig, GraphError, Op, WeightRef, \
     bind_positions
-from isa.graph_numpy import _EVAL, GraphRunner, gelu_erf, gelu_tanh, load_weight, silu
+from wse_emu.isa.graph_numpy import _EVAL, GraphRunner, gelu_erf, gelu_tanh, load_weight, silu
 
 RNG = np.random.default_rng(7)
 CONFIG = GraphConfig("test", hidden=16, layers=1, heads=4, kv_heads=2, head_dim=4,

@@ -6,7 +6,7 @@ import shutil
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from isa.frontends.hf import FrontendError, load_hf
+from wse_emu.isa.frontends.hf import FrontendError, load_hf
 
 
 def _copy(folder, tmp_path):

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from hf_models import load_torch
 
-from isa.frontends.hf import load_hf
-from isa.graph import T, Op
-from isa.graph_numpy import GraphRunner, load_weight
+from wse_emu.isa.frontends.hf import load_hf
+from wse_emu.isa.graph import T, Op
+from wse_emu.isa.graph_numpy import GraphRunner, load_weight
 
 
 @pytest.mark.parametrize("model", ["gpt2_dir", "llama_dir", "llama_tied_dir", "bert_dir"])

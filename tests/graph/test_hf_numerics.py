@@ -5,8 +5,8 @@ import pytest
 import torch
 from hf_models import load_torch, make_bert, make_llama
 
-from isa.frontends.hf import load_hf
-from isa.graph_numpy import GraphRunner
+from wse_emu.isa.frontends.hf import load_hf
+from wse_emu.isa.graph_numpy import GraphRunner
 
 PROMPT = [17, 300, 5, 411, 42, 99, 250]
 

@@ -9,17 +9,17 @@ import numpy as np
 import pytest
 import torch
 
-from emulator import load as load_mod
-from emulator.load import LoadError, load, read_output, write_input, write_inputs
-from emulator.machine import load_machine
-from isa import binfmt
-from isa.asm import assemble, assemble_file
-from isa.builder import ProgramBuilder
-from isa.disasm import disassemble
-from isa.errors import AsmError, BuildError, FormatError
-from isa.info import describe
-from isa.program import HbmAlloc, HbmInit, HbmPiece
-from isa.spec import STORAGE_DTYPES
+from wse_emu.emulator import load as load_mod
+from wse_emu.emulator.load import LoadError, load, read_output, write_input, write_inputs
+from wse_emu.emulator.machine import load_machine
+from wse_emu.isa import binfmt
+from wse_emu.isa.asm import assemble, assemble_file
+from wse_emu.isa.builder import ProgramBuilder
+from wse_emu.isa.disasm import disassemble
+from wse_emu.isa.errors import AsmError, BuildError, FormatError
+from wse_emu.isa.info import describe
+from wse_emu.isa.program import HbmAlloc, HbmInit, HbmPiece
+from wse_emu.isa.spec import STORAGE_DTYPES
 
 H100 = load_machine("h100")
 

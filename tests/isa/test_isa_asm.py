@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from isa.asm import assemble, assemble_file
-from isa.encoding import decode, float_bits
-from isa.program import DIR_BITS, Rect
+from wse_emu.isa.asm import assemble, assemble_file
+from wse_emu.isa.encoding import decode, float_bits
+from wse_emu.isa.program import DIR_BITS, Rect
 
 GEMV = Path(__file__).parent / "data" / "gemv.wsa"
 

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from isa.asm import assemble
-from isa.errors import AsmError
+from wse_emu.isa.asm import assemble
+from wse_emu.isa.errors import AsmError
 
 R = ".region r, 0, 0, 1, 1\n"
 E = "    halt\n.endregion\n"
@@ -124,7 +124,7 @@ def test_define_errors():
 
 
 def test_assemble_file_missing(tmp_path):
-    from isa.asm import assemble_file
+    from wse_emu.isa.asm import assemble_file
     with pytest.raises(AsmError, match=r"nope\.wsa:1:1: cannot read: No such file"):
         assemble_file(str(tmp_path / "nope.wsa"))
 

@@ -8,10 +8,10 @@ import zlib
 import numpy as np
 import pytest
 
-from isa import binfmt
-from isa.builder import ProgramBuilder
-from isa.encoding import encode
-from isa.errors import FormatError
+from wse_emu.isa import binfmt
+from wse_emu.isa.builder import ProgramBuilder
+from wse_emu.isa.encoding import encode
+from wse_emu.isa.errors import FormatError
 
 
 def _small_program(meta=None):

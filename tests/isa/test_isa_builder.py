@@ -6,12 +6,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from isa import binfmt
-from isa.asm import assemble_file
-from isa.builder import Addr, ProgramBuilder, RegionBuilder, port_mask, tensor_from_array
-from isa.encoding import decode, float_bits
-from isa.errors import BuildError
-from isa.program import DIR_BITS
+from wse_emu.isa import binfmt
+from wse_emu.isa.asm import assemble_file
+from wse_emu.isa.builder import Addr, ProgramBuilder, RegionBuilder, port_mask, tensor_from_array
+from wse_emu.isa.encoding import decode, float_bits
+from wse_emu.isa.errors import BuildError
+from wse_emu.isa.program import DIR_BITS
 
 GEMV = Path(__file__).parent / "data" / "gemv.wsa"
 

@@ -5,12 +5,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from isa import binfmt
-from isa.asm import assemble_file
-from isa.builder import ProgramBuilder
-from isa.disasm import disassemble
-from isa.encoding import FBits
-from isa.spec import INSTRUCTIONS
+from wse_emu.isa import binfmt
+from wse_emu.isa.asm import assemble_file
+from wse_emu.isa.builder import ProgramBuilder
+from wse_emu.isa.disasm import disassemble
+from wse_emu.isa.encoding import FBits
+from wse_emu.isa.spec import INSTRUCTIONS
 
 GEMV = Path(__file__).parent / "data" / "gemv.wsa"
 

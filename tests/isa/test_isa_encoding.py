@@ -7,12 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from isa.asm import assemble
-from isa.builder import _bf16_bits
-from isa.encoding import (FBits, bits_float, decode, decode_fields, encode, float_bits,
+from wse_emu.isa.asm import assemble
+from wse_emu.isa.builder import _bf16_bits
+from wse_emu.isa.encoding import (FBits, bits_float, decode, decode_fields, encode, float_bits,
                           float_text, format_instr)
-from isa.errors import EncodingError, FormatError
-from isa.spec import BY_OPCODE, INSTRUCTIONS, N_IREG_SLOTS
+from wse_emu.isa.errors import EncodingError, FormatError
+from wse_emu.isa.spec import BY_OPCODE, INSTRUCTIONS, N_IREG_SLOTS
 
 KIND_VALUES = {
     "ireg": st.integers(0, N_IREG_SLOTS - 1),

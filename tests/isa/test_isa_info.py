@@ -4,8 +4,8 @@ from pathlib import Path
 
 import numpy as np
 
-from isa.asm import assemble, assemble_file
-from isa.info import REGION_ROWS, describe, program_colors, region_sram_bytes
+from wse_emu.isa.asm import assemble, assemble_file
+from wse_emu.isa.info import REGION_ROWS, describe, program_colors, region_sram_bytes
 
 GEMV = Path(__file__).parent / "data" / "gemv.wsa"
 
@@ -69,7 +69,7 @@ def test_describe_external_tensors_and_meta():
 
 
 def test_long_metadata_is_summarised_on_one_line():
-    from isa.info import _brief
+    from wse_emu.isa.info import _brief
 
     meta = {"dtype": "bf16", "stages": [{"name": f"s{i}"} for i in range(227)], "shape": [2, 3]}
     assert _brief(meta) == "{dtype='bf16', shape=[2, 3], stages=[227 entries]}"
@@ -99,6 +99,6 @@ def test_the_cli_help_names_the_region_limit():
     for --help): it must be REGION_ROWS."""
     from click.testing import CliRunner
 
-    from emulator.cli import main
+    from wse_emu.emulator.cli import main
     out = CliRunner().invoke(main, ["info", "--help"]).output
     assert f"first {REGION_ROWS}," in " ".join(out.split())

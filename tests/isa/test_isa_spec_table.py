@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from isa import docgen, spec
+from wse_emu.isa import docgen, spec
 
 
 def test_table_is_consistent():
@@ -50,7 +50,7 @@ def test_duplicate_mnemonic_is_refused():
 
 def test_isa_md_is_current():
     assert docgen.ISA_MD.read_text() == docgen.render_isa_md(), \
-        "docs/ISA.md is stale: run python -m isa.docgen"
+        "docs/ISA.md is stale: run python -m wse_emu.isa.docgen"
 
 
 def test_isa_md_documents_every_instruction():

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from kernels.access import f32_to_wavelets, gather, scatter, wavelets_to_f32
-from kernels.convert import bf16_to_f32_array, f32_to_bf16_array
+from wse_emu.kernels.access import f32_to_wavelets, gather, scatter, wavelets_to_f32
+from wse_emu.kernels.convert import bf16_to_f32_array, f32_to_bf16_array
 
 F32, F16, BF16 = 0, 1, 2
 SIZE = {F32: 4, F16: 2, BF16: 2}

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from kernels.convert import (bf16_to_f32, bf16_to_f32_array, f16_to_f32, f32_to_bf16,
+from wse_emu.kernels.convert import (bf16_to_f32, bf16_to_f32_array, f16_to_f32, f32_to_bf16,
                              f32_to_bf16_array, f32_to_f16)
 
 ALL16 = np.arange(1 << 16, dtype=np.uint16)

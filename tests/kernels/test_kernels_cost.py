@@ -2,7 +2,7 @@
 
 import pytest
 
-from kernels.cost import compute_cycles, fabric_chunk_cycles, tensor_cycles
+from wse_emu.kernels.cost import compute_cycles, fabric_chunk_cycles, tensor_cycles
 
 
 @pytest.mark.parametrize("work,width,want", [(0, 4, 0), (1, 4, 1), (4, 4, 1), (5, 4, 2),

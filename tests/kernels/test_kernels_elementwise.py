@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from kernels import elementwise as ew
+from wse_emu.kernels import elementwise as ew
 
 SPECIALS = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -1e-40, 3e38, -3e38, 88.7, 89.0,
                      -104.0, 1e-7, 20.0, -20.0], dtype=np.float32)

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from kernels.convert import bf16_to_f32_array, f32_to_bf16_array
-from kernels.matrix import mm, mv
+from wse_emu.kernels.convert import bf16_to_f32_array, f32_to_bf16_array
+from wse_emu.kernels.matrix import mm, mv
 
 F32, F16, BF16 = 0, 1, 2
 SIZE = {F32: 4, F16: 2, BF16: 2}

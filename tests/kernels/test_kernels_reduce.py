@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from kernels.reduce import rdot, rmax, rsum
+from wse_emu.kernels.reduce import rdot, rmax, rsum
 
 F32 = np.float32
 

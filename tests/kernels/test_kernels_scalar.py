@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from kernels.scalar import fdiv, fexp, fmax, fmin, frsqrt, fsqrt
+from wse_emu.kernels.scalar import fdiv, fexp, fmax, fmin, frsqrt, fsqrt
 
 
 def f32(x):
