@@ -269,11 +269,6 @@ BY_MNEMONIC = {ins.mnemonic: ins for ins in INSTRUCTIONS}
 BY_OPCODE = {ins.opcode: ins for ins in INSTRUCTIONS}
 
 
-def opcode_constants() -> dict[str, int]:
-    """OP_<MNEMONIC> -> opcode, for the emulator's dispatch (plain ints, Numba-friendly)."""
-    return {f"OP_{ins.mnemonic.upper()}": ins.opcode for ins in INSTRUCTIONS}
-
-
 def simd_key(cost: str, dtypes: tuple[int, ...]) -> str:
     """The machine SIMD-width key for a tensor op of cost class `cost` over its descriptor dtypes.
 
