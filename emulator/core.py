@@ -22,11 +22,9 @@ bit and cycle): in the 4096 x 4096 gemv they are a third of the host time.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -58,24 +56,12 @@ HELPER_MIN_SRAM = 1 << 22
 
 
 def _drop_stale_cache() -> None:
-    """Numba revalidates a cached function against its own source file only, yet the core's
-    cached machine code contains the kernels and sibling modules it calls and inlines (and the
-    constants of isa.spec and emulator.result): after any of those changes, drop the core's
-    cache so that it is compiled afresh rather than run stale."""
-    here = Path(__file__).resolve().parent
-    deps = (sorted(here.glob("core*.py")) + sorted((here.parent / "kernels").glob("*.py"))
-            + [here / "result.py", here.parent / "isa" / "spec.py"])
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in deps)).hexdigest()
-    try:
-        cache = Path(run_slice._cache._cache_path)
-        stamp = cache / "core-sources.sha256"
-        if stamp.is_file() and stamp.read_text() == digest:
-            return
-        for f in cache.glob("core*.nb[ic]"):
-            f.unlink(missing_ok=True)
-        stamp.write_text(digest)
-    except (AttributeError, OSError):  # no cache (read-only install, other Numba): nothing stale
-        pass
+    """Numba revalidates a cached function against its own source only, yet the core's cached
+    machine code holds the kernels and sibling modules it calls and inlines: drop the caches
+    compiled from sources that changed since (emulator/jit_cache.py; dev.py runs the same)."""
+    from wse_emu.emulator import jit_cache
+
+    jit_cache.drop_stale(jit_cache.numba_cache_dirs())
 
 
 _drop_stale_cache()
