@@ -4,7 +4,6 @@ import math
 
 import numpy as np
 import pytest
-import torch
 
 from wse_emu.isa.frontends.hf import load_hf
 from wse_emu.isa.graph import LEAVES, T, GraphBuilder, GraphConfig, GraphError, Op, WeightRef, \
@@ -34,6 +33,7 @@ def test_activations_are_the_isa_float64_formulas_rounded_to_fp32():
         # float64 bit, which shows only where 1 + tanh(...) cancels to ~1e-16.
         np.testing.assert_allclose(fn(x), want, rtol=1.2e-7, atol=1e-14)
         assert fn(x).dtype == np.float32
+    torch = pytest.importorskip("torch")
     t = torch.from_numpy(x)
     torch_refs = ((gelu_tanh, torch.nn.functional.gelu(t, approximate="tanh")),
                   (gelu_erf, torch.nn.functional.gelu(t)), (silu, torch.nn.functional.silu(t)))

@@ -2,7 +2,8 @@
 
 import numpy as np
 import pytest
-import torch
+
+torch = pytest.importorskip("torch")
 from hf_models import load_torch, make_bert, make_llama
 
 from wse_emu.isa.frontends.hf import load_hf
