@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -18,7 +19,10 @@ FOLDERS = ("isa", "emulator", "kernels")
 
 
 def test_the_wheel_installs_only_the_wse_emu_namespace(tmp_path):
-    pytest.importorskip("setuptools")
+    # built with this environment's setuptools (no network): it must be one pyproject accepts
+    requires = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]
+    minimum = next(r.split(">=")[1] for r in requires if r.startswith("setuptools>="))
+    pytest.importorskip("setuptools", minversion=minimum)
     done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
                            "--no-build-isolation", "--quiet", "-w", str(tmp_path), str(REPO)],
                           capture_output=True, text=True, timeout=300)
