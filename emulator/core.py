@@ -50,8 +50,7 @@ from wse_emu.isa.spec import BY_MNEMONIC
 OP_DMAST = BY_MNEMONIC["dmast"].opcode
 
 PROGRESS_SECONDS = 0.5
-# host time of a slice of the loop: Python sees a Ctrl-C within about that; a return to Python
-# costs some 20 us, so returns at this rate cost nothing measurable
+# host time of a slice of the loop: Python sees a Ctrl-C within about that
 SLICE_SECONDS = 0.1
 # Slices end at a deadline on the host's cycle counter (core_sched.cycle_counter), whose rate
 # is measured against perf_counter over the process's life (_ticks_per_second). Until that is
