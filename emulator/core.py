@@ -4,8 +4,12 @@ interpreter, emulator/reference.py) defines, fast.
     result = run(loaded, max_cycles=None, trace=False, trace_cap=1_000_000, progress=None)
 
 The jitted loop (core_sched.run_slice) works on the arrays of a core_state.State and returns
-here after a budget of steps, so that `progress(cycles, instructions)` is called about every
-half second, and whenever a pool must grow; the driver grows it and re-enters.
+here about every SLICE_SECONDS of host time, and whenever a pool must grow; the driver grows it
+and re-enters. Returning is what lets Python act on a signal: Python only runs its SIGINT
+handler between bytecodes, so a Ctrl-C during a run raises KeyboardInterrupt here within a
+slice, out of `run` (a helper thread is stopped first, see _drive). It is also where
+`progress(cycles, instructions)` is called, about every PROGRESS_SECONDS. Slices change nothing
+a run computes: all state stays in the arrays.
 
 PEs run ahead through local instructions by default (core_sched explains why that is exact). A
 run that ends in a fault is the exception: PEs other than the faulting one may have run past
@@ -29,7 +33,8 @@ import time
 import numpy as np
 
 from wse_emu.emulator.core_jobs import await_out, drain, worker
-from wse_emu.emulator.core_sched import R_CLOCK_LIMIT, R_CONTINUE, R_DONE, R_GROW, run_slice
+from wse_emu.emulator.core_sched import (NO_DEADLINE, R_CLOCK_LIMIT, R_CONTINUE, R_DONE, R_GROW,
+                                         cycle_counter, run_slice)
 from wse_emu.emulator.core_state import (
     CT_OUT, CT_STOP, H_BUSY, HBM_TICKS, K_FAULT_PE, K_FAULT_REASON, K_HBM_READ, K_HBM_WRITE,
     K_HEAP_N, K_HOPS, K_INSTR_TOTAL, K_MESSAGES, K_OUTCOME, K_QUEUED, K_TRACE_N, K_WAVELETS,
@@ -43,8 +48,14 @@ from wse_emu.isa.spec import BY_MNEMONIC
 OP_DMAST = BY_MNEMONIC["dmast"].opcode
 
 PROGRESS_SECONDS = 0.5
-FIRST_BUDGET = 1 << 20  # steps before the first return to the driver when reporting progress
-MIN_BUDGET = 1 << 12
+# host time of a slice of the loop: Python sees a Ctrl-C within about that
+SLICE_SECONDS = 0.1
+# Slices end at a deadline on the host's cycle counter (core_sched.cycle_counter), whose rate
+# is measured against perf_counter over the process's life (_ticks_per_second). Until that is
+# known (the first 10 ms), or where the counter cannot be read, a slice is a budget of steps,
+# from FIRST_BUDGET, adapted after each slice to take SLICE_SECONDS.
+FIRST_BUDGET = 1 << 14
+MIN_BUDGET = 1 << 10
 FULL_BUDGET = 1 << 62
 # Tile products the helper thread may have outstanding (core_jobs): every one of the 4096 gemv's,
 # so the loop never waits for a slot (1.8 % faster than 1024 slots, in-process A/B)
@@ -226,12 +237,34 @@ class _Release:
 _HELPER = _Helper()
 
 
+_COUNTER_ORIGIN: tuple[int, float] | None = None  # (cycle counter, perf_counter) at first use
+
+
+def _ticks_per_second() -> float | None:
+    """The cycle counter's ticks a second, measured since the process first asked; None until
+    10 ms have passed, or if the counter cannot be read."""
+    global _COUNTER_ORIGIN
+    now = (int(cycle_counter()), time.perf_counter())
+    if _COUNTER_ORIGIN is None:
+        _COUNTER_ORIGIN = now
+    ticks, seconds = now[0] - _COUNTER_ORIGIN[0], now[1] - _COUNTER_ORIGIN[1]
+    return ticks / seconds if ticks > 0 and seconds >= 0.01 else None
+
+
+_ticks_per_second()  # start measuring (by the first run, usually 10 ms have passed)
+
+
 def _loop(state: State, progress) -> None:
-    budget = FIRST_BUDGET if progress is not None else FULL_BUDGET
+    budget = FIRST_BUDGET
     last = time.perf_counter()
     while True:
         t = time.perf_counter()
-        code = run_slice(*state.args(), budget)
+        rate = _ticks_per_second()
+        if rate is None:
+            steps, deadline = budget, NO_DEADLINE
+        else:
+            steps, deadline = FULL_BUDGET, int(cycle_counter()) + int(SLICE_SECONDS * rate)
+        code = run_slice(*state.args(), steps, deadline)
         if state.mp[MP_ASYNC]:  # no product outstanding outside the loop
             drain(state.pe, state.jobs, state.jdsd, state.ctl, state.sram_f32, state.sram_u16,
                   state.scratch)
@@ -244,10 +277,10 @@ def _loop(state: State, progress) -> None:
         elif code == R_CLOCK_LIMIT:
             raise RuntimeError(f"the run passed cycle {max_clock(state.loaded.n_pes)}, the "
                                f"latest the core can schedule: rerun with --max-cycles")
-        elif code == R_CONTINUE:
-            # aim each slice at a fraction of the reporting period, whatever a step costs
+        elif code == R_CONTINUE and rate is None:
+            # aim the next slice at SLICE_SECONDS, whatever a step costs
             spent = max(time.perf_counter() - t, 1e-6)
-            budget = int(min(max(budget * (PROGRESS_SECONDS / 4) / spent, MIN_BUDGET), 1 << 28))
+            budget = int(min(max(budget * SLICE_SECONDS / spent, MIN_BUDGET), 1 << 28))
         now = time.perf_counter()
         if progress is not None and now - last >= PROGRESS_SECONDS:
             last = now

@@ -34,7 +34,6 @@ from wse_emu.isa.spec import DSD_FABIN, DSD_FABOUT, DSD_MEM, DTYPES, N_DMA_TAGS
 from wse_emu.kernels import scalar
 from wse_emu.kernels.access import gather, scatter
 from wse_emu.kernels.convert import f32_from_bits
-from wse_emu.kernels.cost import compute_cycles
 
 DT_F32 = DTYPES["f32"]
 # Magnitudes beyond which an address computation is certainly outside any SRAM: checking
@@ -414,12 +413,10 @@ def check_operands(sem, dst, s0, s1, dsd, p, limit):
 
 
 @njit(cache=True, inline="always")
-def chunk_times(p, work, k, width, fabric, a_head, a_tail, pe, issue):
-    """(start, end) of a chunk (section 6); advances the PE's clock and statistics."""
+def chunk_times(p, dur, a_head, a_tail, pe, issue):
+    """(start, end) of a chunk of `dur` cycles (isa.costs; section 6), after the issue
+    overhead if it is the op's first chunk; advances the PE's clock and statistics."""
     ovh = issue if pe[p, P_DONE] == 0 else 0
-    dur = compute_cycles(work, width)
-    if fabric and k > dur:
-        dur = k
     t0 = pe[p, P_CLOCK]
     start = max(t0 + ovh, a_head)
     end = max(start + dur, a_tail + 1)

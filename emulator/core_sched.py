@@ -11,8 +11,9 @@ order is the one reported. In strict mode (MP_STRICT) a PE runs only while it is
 which is the reference interpreter's order instruction by instruction: the driver uses it
 for traces and to replay runs that end in a fault, where PEs that ran ahead would differ.
 
-`run_slice` returns to the driver after a budget of steps (R_CONTINUE, for progress reports)
-or when a pool must grow (R_GROW); all state stays in the arrays, so it simply re-enters.
+`run_slice` returns to the driver when the host's cycle counter passes a deadline or after a
+budget of steps (R_CONTINUE: so that Python sees a Ctrl-C and reports progress), or when a pool
+must grow (R_GROW); all state stays in the arrays, so it simply re-enters.
 Heap keys pack (clock, PE) into one int64, which bounds the clock (R_CLOCK_LIMIT: 2**43 cycles
 with 900k PEs, far beyond what a run can reach in hours of host time).
 
@@ -31,8 +32,13 @@ _prefetch_operands); the heap prefetches the level below as it sifts down. That 
 256 x 256 dispatch-heavy stress program 20-40 % faster (A/B runs on a shared machine).
 """
 
+import platform
+
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from wse_emu.emulator.core_exec import (exec_desc, exec_dma, exec_dmawait, exec_float, exec_int, is_dma,
                                 is_fabric)
@@ -54,6 +60,32 @@ from wse_emu.kernels.prefetch import prefetch
 
 R_DONE, R_CONTINUE, R_GROW, R_CLOCK_LIMIT = range(4)
 PREFETCH_LINES = 4  # of each SRAM operand of the next tensor op (see _prefetch_operands)
+# steps between two reads of the cycle counter (a power of two): a read costs about as much
+# as a cheap step
+DEADLINE_STEPS = 64
+NO_DEADLINE = np.iinfo(np.int64).max
+# x86's time-stamp counter runs at a constant rate and user code may read it; elsewhere LLVM's
+# cycle counter may be a register user code cannot read, so there the counter reads 0 (the
+# driver then bounds a slice by its budget of steps only)
+HAS_COUNTER = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
+
+
+@intrinsic
+def _read_counter(typingctx):
+    def codegen(context, builder, sig, args):
+        if not HAS_COUNTER:
+            return context.get_constant(types.int64, 0)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(64), []),
+                                            "llvm.readcyclecounter")
+        return builder.call(fn, [])
+    return types.int64(), codegen
+
+
+@njit(cache=True)
+def cycle_counter():
+    """The host's cycle counter (x86: the time-stamp counter, ticks at a constant rate), 0
+    where it cannot be read: what run_slice's deadline is measured in."""
+    return _read_counter()
 
 
 @njit(cache=True, inline="always")
@@ -223,9 +255,10 @@ def _finish(pe, counters):
 def run_slice(code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, unknown, undo, undo_data,
               mp, classes, tree_of, tree, tree_tmp, queue, link, dl, msg, payload, heap, wake,
               scratch, trace, counters, hbm, hbm_ch, hbm_rate, jobs, jdsd, ctl, send_hint,
-              budget):
-    """Run until the end (R_DONE, outcome in counters), `budget` steps (R_CONTINUE) or a
-    request to grow (R_GROW)."""
+              budget, deadline):
+    """Run until the end (R_DONE, outcome in counters), `budget` steps or the cycle counter's
+    `deadline` (read every DEADLINE_STEPS steps; R_CONTINUE), or a request to grow (R_GROW).
+    Where the run stops a slice changes nothing it computes."""
     # borrowed here, in the function that runs the loop, so LLVM sees they have no owner
     code, pe, ireg, freg, dsd = (borrowed(code), borrowed(pe), borrowed(ireg),
                                  borrowed(freg), borrowed(dsd))
@@ -287,6 +320,8 @@ def run_slice(code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, unknown, 
             first = False
             if x == X_OK or x == X_STOP:
                 budget -= 1
+                if budget & (DEADLINE_STEPS - 1) == 0 and _read_counter() >= deadline:
+                    budget = 0
             if x != X_OK or budget <= 0:
                 break
         if pe[p, P_CLOCK] > clock_limit:  # (woken PEs' clocks are never later than this one)

@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit
 
 from wse_emu.emulator.load import Loaded
+from wse_emu.isa.costs import products_by_column
 from wse_emu.isa.spec import (COST_CLASSES, DTYPES, FIXED_CLASSES, INSTRUCTIONS, N_DMA_TAGS, N_DREGS,
                       N_FREGS,
                       SIMD_KEYS, simd_key)
@@ -134,10 +135,11 @@ MAX_KEY_BITS = 62
 # MP_TIMING: timing-only mode (no data moves or is computed; cycles as in functional mode).
 # MP_ASYNC: tile products go to the helper thread's ring (core_jobs) instead of running at once.
 # MP_HBM_*: the program's HBM size (the DMA range limit), latency, channels and interleave.
+# MP_BY_COLUMN: tile products issue one op a column (isa.costs.products_by_column).
 (MP_ISSUE, MP_HOP, MP_RAMP, MP_QDEPTH, MP_COLORS, MP_MAX_CYCLES, MP_STRICT, MP_TRACE_CAP,
  MP_UNDO, MP_PE_BITS, MP_TIMING, MP_HBM_BYTES, MP_HBM_LAT, MP_HBM_CH, MP_HBM_IL,
- MP_ASYNC) = range(16)
-N_MP = 16
+ MP_ASYNC, MP_BY_COLUMN) = range(17)
+N_MP = 17
 
 # HBM channels (State.hbm_ch rows): first free time and time spent transferring, in ticks of
 # 1/HBM_TICKS cycle (exact sums of many short transfers; emulator/reference.py does the same).
@@ -414,6 +416,7 @@ class State:
         self.undo_data = fixed.buffer("undo_data", (max(1 << 12, 64 * n),), np.uint16)
         self.mp = np.zeros(N_MP, dtype=np.int64)
         self.mp[MP_ISSUE] = m.issue_overhead
+        self.mp[MP_BY_COLUMN] = int(products_by_column(m.kind))
         self.mp[MP_HOP] = m.hop_latency
         self.mp[MP_RAMP] = m.ramp_latency
         self.mp[MP_QDEPTH] = m.queue_depth

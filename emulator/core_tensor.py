@@ -15,7 +15,7 @@ from wse_emu.emulator.core_fabric import need, queue_arrival, queue_consume, que
 from wse_emu.emulator.core_jobs import borrowed, product, publish
 from wse_emu.emulator.core_state import (
     CL_KIND, C_A, C_B, C_C, C_CLASS, C_SEM, C_SUB, D_COLOR, D_COUNT, D_DTYPE, D_KIND, D_LEN,
-    D_STRIDE, MP_ASYNC, MP_COLORS, MP_ISSUE, MP_QDEPTH, MP_TIMING, MP_TRACE_CAP, MP_UNDO,
+    D_STRIDE, MP_ASYNC, MP_BY_COLUMN, MP_COLORS, MP_ISSUE, MP_QDEPTH, MP_TIMING, MP_TRACE_CAP, MP_UNDO,
     NEED_SCRATCH, P_DONE, P_FTAINT, P_SRAM0, P_SRAM_LEN, P_STATUS, P_WAIT, Q_QUEUED, S_BINARY,
     S_BINSCALAR, S_FILL, S_FMA, S_MV, S_MVA, S_RDOT, S_RMAX, S_RSUM, S_UNARY, T_START, X_GROW,
     X_OK, X_STOP)
@@ -23,6 +23,7 @@ from wse_emu.emulator.core_undo import note_write, undo_fits
 from wse_emu.emulator.result import F_COUNT, F_MATRIX_FABRIC, F_NO_ROUTE, F_SHAPE, ST_RUN, ST_WAIT_RECV
 from wse_emu.isa.spec import DSD_FABIN, DSD_FABOUT, DSD_MEM
 from wse_emu.kernels import elementwise as ew
+from wse_emu.kernels.cost import chunk_cycles, matrix_cycles
 from wse_emu.kernels import reduce
 from wse_emu.kernels.prefetch import prefetch
 
@@ -106,8 +107,8 @@ def tensor_op(p, at, code, pe, freg, dsd, sram_f32, sram_u16, unknown, undo, und
         if in1:
             a_head = max(a_head, queue_arrival(queue, dl, slot1, 0))
             a_tail = max(a_tail, queue_arrival(queue, dl, slot1, k - 1))
-    start, end = chunk_times(p, k, k, width, in0 or in1 or out_fab, a_head, a_tail, pe,
-                             mp[MP_ISSUE])
+    start, end = chunk_times(p, chunk_cycles(k, width, in0 or in1 or out_fab), a_head, a_tail,
+                             pe, mp[MP_ISSUE])
 
     v0, v1, out = scratch[0], scratch[1], scratch[2]
     if timing:  # same times, no data: only the queues and (unknown) reductions change
@@ -203,6 +204,9 @@ def matrix_op(p, at, code, pe, dsd, sram_f32, sram_u16, unknown, undo, undo_data
     width = classes[cls, simd_variant(classes[cls, CL_KIND], dsd[p, y, D_DTYPE],
                                       dsd[p, w, D_DTYPE], dsd[p, x, D_DTYPE], 3)]
     total = m_rows * n_cols
+    # one op a column of the tile on a PE (isa.costs): what follows the first op's overhead
+    dur = matrix_cycles(m_rows, k_cols, n_cols, width, mp[MP_ISSUE], mp[MP_BY_COLUMN] != 0) \
+        - mp[MP_ISSUE]
     timing = mp[MP_TIMING] != 0
     if not timing and (total > scratch.shape[1] or k_cols > scratch.shape[1]):
         return need(counters, NEED_SCRATCH, max(total, k_cols))
@@ -210,16 +214,14 @@ def matrix_op(p, at, code, pe, dsd, sram_f32, sram_u16, unknown, undo, undo_data
         return X_GROW
     if timing:  # the same cycles; y is unknown and nothing is computed
         mark_unknown(unknown, pe, p, dsd, y, 0, total)
-        start, end = chunk_times(p, m_rows * k_cols * n_cols, 0, width, False, -1, -1, pe,
-                                 mp[MP_ISSUE])
+        start, end = chunk_times(p, dur, -1, -1, pe, mp[MP_ISSUE])
         finish_chunk(p, cls, total, total, start, end, pe, mp, trace, counters)
         return X_OK
     log = total > 0 and mp[MP_UNDO] != 0
     lo, hi = mem_bytes(dsd, p, y)
     if log and not undo_fits(p, lo, hi, pe, undo, undo_data, counters):
         return X_GROW
-    start, end = chunk_times(p, m_rows * k_cols * n_cols, 0, width, False, -1, -1, pe,
-                             mp[MP_ISSUE])
+    start, end = chunk_times(p, dur, -1, -1, pe, mp[MP_ISSUE])
     base = pe[p, P_SRAM0]
     if mp[MP_ASYNC] != 0:
         if log:  # y's old contents, before the helper can write it

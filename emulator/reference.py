@@ -25,7 +25,7 @@ from wse_emu.emulator.result import (
 from wse_emu.isa.spec import (BY_OPCODE, COST_CLASSES, DSD_FABIN, DSD_FABOUT, DSD_MEM, DTYPE_BYTES,
                       N_DMA_TAGS, N_DREGS, N_FREGS, simd_key)
 from wse_emu.kernels import access, elementwise as ew, matrix, reduce, scalar
-from wse_emu.kernels.cost import compute_cycles
+from wse_emu.isa.costs import chunk_cycles, matrix_cycles, products_by_column
 
 # descriptor fields
 KIND, ADDR, LEN, STRIDE, COUNT, CSTRIDE, DTYPE, COLOR = range(8)
@@ -394,7 +394,7 @@ class Reference:
             q = self.queues[(pe.index, s[COLOR])]
             a_head = max(a_head, self.arrival(q, 0))
             a_tail = max(a_tail, self.arrival(q, k - 1))
-        start, end = self.chunk_times(pe, k, k, width, fabric, a_head, a_tail)
+        start, end = self.chunk_times(pe, chunk_cycles(k, width, fabric), a_head, a_tail)
 
         # numerics of elements done .. done + k
         vals = [self.read(pe, s, k) for s in srcs]
@@ -446,11 +446,10 @@ class Reference:
         if len(colors) != len(set(colors)):
             raise Fault(F_SAME_COLOR)
 
-    def chunk_times(self, pe, work, k, width, fabric, a_head, a_tail) -> tuple[int, int]:
+    def chunk_times(self, pe, dur, a_head, a_tail) -> tuple[int, int]:
+        """(start, end) of a chunk of `dur` cycles, after the issue overhead if it is the op's
+        first chunk; advances the PE's clock and statistics."""
         ovh = self.m.issue_overhead if pe.done == 0 else 0
-        dur = int(compute_cycles(work, width))
-        if fabric:
-            dur = max(dur, k)
         t0 = pe.clock
         start = max(t0 + ovh, a_head)
         end = max(start + dur, a_tail + 1)
@@ -479,18 +478,22 @@ class Reference:
             m_rows, k_cols = w[LEN], w[COUNT]
             if w[STRIDE] != 1 or self.elements(x) != k_cols or self.elements(y) != m_rows:
                 raise Fault(F_SHAPE)
-            n_cols, work = 1, m_rows * k_cols
+            n_cols = 1
         else:
             cc, w, x = d0, d1, d2  # C = A B
             m_rows, k_cols, n_cols = w[LEN], w[COUNT], x[COUNT]
             if (w[STRIDE] != 1 or x[STRIDE] != 1 or x[LEN] != k_cols or cc[LEN] != m_rows
                     or cc[COUNT] != n_cols):
                 raise Fault(F_SHAPE)
-            y, work = cc, m_rows * k_cols * n_cols
+            y = cc
         for d in (d0, d1, d2):
             self.check_mem(pe, d)
         width = self.m.simd_width(simd_key(ins.cost, (d0[DTYPE], d1[DTYPE], d2[DTYPE])))
-        start, end = self.chunk_times(pe, work, 0, width, False, -1, -1)
+        # one op a column of the tile on a PE (isa.costs): the first op's overhead, then the rest
+        ovh = self.m.issue_overhead
+        total_cycles = matrix_cycles(m_rows, k_cols, n_cols, width, ovh,
+                                     products_by_column(self.m.kind))
+        start, end = self.chunk_times(pe, total_cycles - ovh, -1, -1)
         total = m_rows * n_cols
         acc = self.read(pe, y, total) if ins.mnemonic in ("mva", "mma") else \
             np.zeros(total, dtype=np.float32)

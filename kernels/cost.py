@@ -1,29 +1,23 @@
-"""Cycle costs of tensor ops (docs/timing-model.md sections 4 and 6).
+"""The cycle-cost functions of wse_emu.isa.costs, made callable from the Numba core.
 
-`work` is the element count the op computes on: n for elementwise ops and reductions, M * K for
-mv, M * K * N for mm. `width` is the machine's SIMD width for the op's class and dtypes (at
-least 1, checked when the machine preset is loaded).
+isa/costs.py is the one definition (pure Python, for the compiler and the reference
+interpreter). Registering each function with Numba (register_jitable) lets jitted code call it
+by the same name: Numba compiles the same source into the caller, so the core cannot drift from
+the reference or from the compiler's predictions. Import the functions from here in jitted code
+(importing this module is what registers them).
 """
 
-import numpy as np
-from numba import njit
+from numba.extending import register_jitable
 
+from wse_emu.isa import costs
 
-@njit(cache=True)
-def compute_cycles(work, width):
-    """ceil(work / width) in integers (no float rounding at any size)."""
-    w = np.int64(work)
-    return (w + np.int64(width) - 1) // np.int64(width)
+# every function of isa.costs, including those only the others call, so each compiles
+for _f in (costs.compute_cycles, costs.chunk_cycles, costs.tensor_cycles, costs.matrix_ops,
+           costs.matrix_cycles):
+    register_jitable(_f)
 
-
-@njit(cache=True)
-def tensor_cycles(work, width, overhead):
-    """A tensor op without fabric operands: issue overhead + ceil(work / width)."""
-    return np.int64(overhead) + compute_cycles(work, width)
-
-
-@njit(cache=True)
-def fabric_chunk_cycles(work, width, k):
-    """Duration of a chunk of k elements of an op with fabric operands (overhead excluded):
-    the SIMD time, but never faster than one wavelet per cycle."""
-    return max(compute_cycles(work, width), np.int64(k))
+compute_cycles = costs.compute_cycles
+chunk_cycles = costs.chunk_cycles
+tensor_cycles = costs.tensor_cycles
+matrix_ops = costs.matrix_ops
+matrix_cycles = costs.matrix_cycles

@@ -133,6 +133,7 @@ def test_progress_is_reported_and_does_not_change_the_run(monkeypatch):
     plain = execute(program, "test64")
     calls = []
     monkeypatch.setattr(core, "PROGRESS_SECONDS", 0.0)
+    monkeypatch.setattr(core, "SLICE_SECONDS", 0.0)  # a return every few dozen steps
     monkeypatch.setattr(core, "FIRST_BUDGET", 16)
     monkeypatch.setattr(core, "MIN_BUDGET", 16)
     reported = execute(program, "test64", progress=lambda c, i: calls.append((c, i)))

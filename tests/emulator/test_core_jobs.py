@@ -11,7 +11,7 @@ from numba import njit
 
 from wse_emu.emulator import core
 from wse_emu.emulator.core_jobs import _run_job, atomic_load, atomic_store, drain, worker
-from wse_emu.emulator.core_sched import R_DONE, R_GROW, run_slice
+from wse_emu.emulator.core_sched import NO_DEADLINE, R_DONE, R_GROW, run_slice
 from wse_emu.emulator.core_state import (CT_DONE, CT_HEAD, CT_HELPED, CT_OUT, CT_SEEN, CT_STOLEN, CT_STOP,
                                  J_CLAIMED, J_DONE, J_FREE, J_P, J_READY, J_SEQ, J_STATE,
                                  J_TOTAL, MP_ASYNC, N_PE_COLS, P_PENDING, State, new_ring, static)
@@ -282,7 +282,7 @@ def test_the_loop_runs_later_products_while_the_helper_runs_one():
     state.jobs, state.jdsd, state.ctl = new_ring(32)
     state.mp[MP_ASYNC] = 1
     while state.ctl[CT_HEAD] == 0:  # a step at a time, up to the first product
-        code = run_slice(*state.args(), 1)
+        code = run_slice(*state.args(), 1, NO_DEADLINE)
         assert code != R_DONE
         if code == R_GROW:
             state.grow()
