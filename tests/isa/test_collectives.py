@@ -1,0 +1,144 @@
+"""Line collectives: numerics against NumPy, cycles against the cost formulas, core = reference."""
+
+import numpy as np
+import pytest
+
+from wse_emu.emulator.api import execute
+from wse_emu.emulator.machine import load_machine
+from wse_emu.isa import collectives as C
+from wse_emu.isa.builder import ProgramBuilder
+
+# The formulas follow every rule of docs/timing-model.md that a collective meets except the
+# first-come-first-served order in which two messages sent at nearly the same time reserve a
+# shared ramp, which can shift a two-phase line by a few cycles (at most 11 seen).
+TOLERANCE = 0.05  # relative, plus ...
+SLACK = 12  # cycles
+
+
+def run(kind, form, length, n, lines=1, axis="row", engine="core", machine="wse2",
+        inplace=False, root=None, group=None, per_role=True, timing_only=False):
+    """One collective on `lines` lines of `length` PEs; returns (Execution, v, collective)."""
+    m = load_machine(machine)
+    rect = (0, 0, length, lines) if axis == "row" else (0, 0, lines, length)
+    need = C.colors_needed(kind, form, length, root)
+    coll = C.LineCollective(kind, rect, axis, n, list(range(3, 3 + need)), form, root, group,
+                            C.Costs.of(m))
+    pb = ProgramBuilder("coll")
+    pb.input("v", "f32", (length * lines, n))
+    pb.output("s", "f32", (length * lines, n))
+    coll.add_routes(pb)
+    pieces = C.split(coll.rect, coll) if per_role else [(coll.rect, None)]
+    for i, (r, _roles) in enumerate(pieces):
+        rb = pb.region(f"r{i}", r.x, r.y, r.w, r.h)
+        a = rb.alloc("a", n * 4)
+        b = a if inplace else rb.alloc("b", n * 4)
+        # row of v = line * length + position
+        row = (r.y * length + r.x, length, 1) if axis == "row" else (r.x * length + r.y, 1, length)
+        rb.piece("v", a, "f32", (1, n), row=row, col=0)
+        rb.piece("s", b, "f32", (1, n), row=row, col=0)
+        coll.emit(rb, a, b)
+        rb.halt()
+    v = np.random.default_rng(length * 1000 + n).standard_normal((length * lines, n),
+                                                                  dtype=np.float32)
+    ex = execute(pb.build(), m, {"v": v}, engine=engine, timing_only=timing_only)
+    assert ex.result.outcome_name == "halted"
+    return ex, v.reshape(lines, length, n), coll
+
+
+def check_numbers(kind, ex, v, coll):
+    s = ex.outputs["s"].reshape(v.shape)
+    total = v.sum(axis=1, dtype=np.float64)
+    if kind == "broadcast":
+        np.testing.assert_array_equal(s, np.broadcast_to(v[:, coll.root:coll.root + 1], s.shape))
+    elif kind == "allreduce":
+        np.testing.assert_allclose(s, np.broadcast_to(total[:, None], s.shape), rtol=1e-5,
+                                   atol=1e-4)
+        assert (s == s[:, :1]).all()  # one broadcast value on every PE of a line
+    else:
+        np.testing.assert_allclose(s[:, coll.root], total, rtol=1e-5, atol=1e-4)
+
+
+def near(emulated, formula):
+    return abs(emulated - formula) <= TOLERANCE * formula + SLACK
+
+
+@pytest.mark.parametrize("form", ["chain", "two_phase"])
+@pytest.mark.parametrize("kind", ["reduce", "allreduce"])
+@pytest.mark.parametrize("length", [2, 3, 7, 16, 33, 64])
+@pytest.mark.parametrize("n", [1, 16, 512])
+def test_cycles_follow_formula_and_sums_match(kind, form, length, n):
+    ex, v, coll = run(kind, form, length, n)
+    check_numbers(kind, ex, v, coll)
+    assert near(ex.result.cycles, coll.cost()), (ex.result.cycles, coll.cost())
+
+
+@pytest.mark.parametrize("length", [2, 5, 64])
+@pytest.mark.parametrize("n", [1, 64, 512])
+def test_broadcast(length, n):
+    ex, v, coll = run("broadcast", "chain", length, n)
+    check_numbers("broadcast", ex, v, coll)
+    assert near(ex.result.cycles, coll.cost())
+
+
+@pytest.mark.parametrize("kind,form", [("reduce", "two_phase"), ("allreduce", "chain"),
+                                       ("allreduce", "two_phase"), ("broadcast", "chain")])
+def test_columns_and_several_lines(kind, form):
+    """Every line of the rectangle at once, along columns: the same cycles as one line."""
+    one, _, coll1 = run(kind, form, 12, 32, lines=1, axis="column")
+    ex, v, coll = run(kind, form, 12, 32, lines=3, axis="column")
+    check_numbers(kind, ex, v, coll)
+    assert ex.result.cycles == one.result.cycles
+    assert near(ex.result.cycles, coll.cost())
+
+
+def test_long_line():
+    """A 512-PE row (the gemv bar's line): two-phase beats the chain by the formula's margin."""
+    chain, v, cc = run("reduce", "chain", 512, 32)
+    two, _, ct = run("reduce", "two_phase", 512, 32)
+    check_numbers("reduce", two, v, ct)
+    assert near(chain.result.cycles, cc.cost()) and near(two.result.cycles, ct.cost())
+    assert two.result.cycles * 3 < chain.result.cycles
+
+
+@pytest.mark.parametrize("kind,form", [("reduce", "chain"), ("allreduce", "two_phase"),
+                                       ("broadcast", "chain")])
+def test_core_equals_reference(kind, form):
+    from programs.conftest import same_run
+    a, _, _ = run(kind, form, 9, 24, lines=2, engine="core")
+    b, _, _ = run(kind, form, 9, 24, lines=2, engine="reference")
+    same_run(a, b)
+
+
+def test_in_place_and_root_anywhere():
+    for root in (0, 4, 10):
+        ex, v, coll = run("allreduce", "two_phase", 11, 8, root=root, inplace=True)
+        check_numbers("allreduce", ex, v, coll)
+        assert near(ex.result.cycles, coll.cost())
+
+
+def test_one_region_with_dispatch():
+    """A region spanning every role gets a branch on the position: same numbers, a few more
+    cycles than one region per role."""
+    split_run, v, coll = run("allreduce", "two_phase", 20, 16)
+    whole, _, _ = run("allreduce", "two_phase", 20, 16, per_role=False)
+    check_numbers("allreduce", whole, v, coll)
+    assert split_run.result.cycles < whole.result.cycles <= split_run.result.cycles + 20
+
+
+def test_fastest_picks_the_cheapest_form():
+    costs = C.Costs.of(load_machine("wse2"))
+    for length, n in [(4, 512), (64, 16), (512, 32), (512, 1)]:
+        form, _ = C.fastest("allreduce", length, n, costs)
+        best = min(C.cost("allreduce", f, length, n, costs) for f in C.FORMS)
+        assert C.cost("allreduce", form, length, n, costs) == best
+    assert C.fastest("reduce", 512, 32, costs)[0] == "two_phase"
+    assert C.fastest("reduce", 512, 32, costs, max_colors=2)[0] == "chain"
+
+
+def test_bad_requests_say_what():
+    with pytest.raises(C.CollectiveError, match="needs 5 colors"):
+        C.allreduce((0, 0, 8, 1), "row", 4, colors=(1, 2), form="two_phase")
+    with pytest.raises(C.CollectiveError, match="axis"):
+        C.reduce((0, 0, 8, 1), "diagonal", 4, colors=(1, 2))
+    with pytest.raises(C.CollectiveError, match="root 9"):
+        C.reduce((0, 0, 8, 1), "row", 4, colors=(1, 2), form="chain", root=9)
