@@ -109,22 +109,34 @@ class _Pos:
 
 
 def default_root(length: int) -> int:
-    """The root position a collective uses unless told: the middle of the line."""
+    """The middle of the line: the root of a broadcast unless told, and the first root the
+    other kinds consider (see best_layout)."""
     return (length - 1) // 2
 
 
-def best_group(side: int, n: int, costs: Costs) -> int:
+def root_candidates(length: int) -> tuple[int, ...]:
+    """The roots best_layout weighs: the middle (half the distance, but the root adds two
+    blocks, one a half) and the last PE (twice the distance, one block to add)."""
+    return tuple(sorted({default_root(length), length - 1}))
+
+
+def best_group(side: int, n: int, costs: Costs, left: bool = False) -> int:
     """The group size with the lowest two-phase cost for one side of `side` PEs."""
     if side <= 1:
         return 1
-    best = min(range(1, side + 1), key=lambda g: (_two_phase_side(side, g, n, costs)[1], g))
+    best = min(range(1, side + 1),
+               key=lambda g: (_two_phase_side(side, g, n, costs, left)[1], g))
     return best
 
 
 def colors_needed(kind: str, form: str, length: int, root: int | None = None) -> int:
     """How many colors a collective of this kind and form uses on a line of `length` PEs."""
     _check_kind_form(kind, form)
-    root = default_root(length) if root is None else root
+    if root is None:
+        if kind == "broadcast":
+            root = default_root(length)
+        else:
+            return max(colors_needed(kind, form, length, r) for r in root_candidates(length))
     a_left, a_right = root, length - 1 - root
     bcast = 1 if kind in ("broadcast", "allreduce") and length > 1 else 0
     if kind == "broadcast" or length == 1:
@@ -301,14 +313,20 @@ class LineCollective:
             raise CollectiveError(f"collective block length must be 1..65535 wavelets, got {n!r}")
         self.kind, self.axis, self.n = kind, axis, n
         self.length = self.rect.w if axis == "row" else self.rect.h
+        self.costs = costs or Costs()
+        colors = tuple(int(c) for c in colors)
+        if root is None and kind != "broadcast":
+            if form != "fastest" and group is None:
+                _check_kind_form(kind, form)
+            form, root = best_layout(kind, self.length, n, self.costs,
+                                     None if form == "fastest" else form, len(colors))
         self.root = default_root(self.length) if root is None else int(root)
         if not 0 <= self.root < self.length:
             raise CollectiveError(f"collective root {self.root} is outside the line "
                                   f"(0..{self.length - 1})")
-        self.costs = costs or Costs()
         if form == "fastest":
-            form, group = fastest(kind, self.length, n, self.costs, root=self.root,
-                                  max_colors=len(tuple(colors)))
+            form, _ = fastest(kind, self.length, n, self.costs, root=self.root,
+                              max_colors=len(colors))
         _check_kind_form(kind, form)
         self.form = form
         a_left, a_right = self.root, self.length - 1 - self.root
@@ -322,11 +340,11 @@ class LineCollective:
                                       f"right) pair of them, got {group!r}")
             self.group = pair
         elif form == "two_phase":
-            self.group = (best_group(a_left, n, self.costs), best_group(a_right, n, self.costs))
+            self.group = (best_group(a_left, n, self.costs, True),
+                          best_group(a_right, n, self.costs))
         else:
             self.group = (1, 1)
         need = colors_needed(kind, form, self.length, self.root)
-        colors = tuple(int(c) for c in colors)
         if len(colors) < need:
             raise CollectiveError(f"a {form} {kind} over {self.length} PEs needs {need} colors, "
                                   f"got {len(colors)}")
@@ -547,14 +565,16 @@ def _rho(d: int, c: Costs) -> int:
     return 1 + 2 * c.ramp + d * c.hop
 
 
-def _two_phase_side(a: int, g: int, n: int, c: Costs) -> tuple[int, int]:
+def _two_phase_side(a: int, g: int, n: int, c: Costs, left: bool = False) -> tuple[int, int]:
     """(issue, arrival) of one side of `a` PEs in groups of `g` (g = 1 is the chain), counted
     from the start of every PE's code: `arrival` is when the first wavelet of the side's
     block reaches the root, `issue` the clock at which its last sender executed the send.
     Messages take a shared link or ramp, and their place in the root's queue, in the order
     their sends execute (docs/timing-model.md, sections 5 and 7); a streaming relay executes
     as soon as its input is queued, long before its first wavelet is in, so a chain issues
-    at once, while a group root issues only after its own group's block is added."""
+    at once, while a group root issues only after its own group's block is added. `left`:
+    the half whose positions (and, in row-major regions, PE indices) grow toward the root,
+    which decides the order of sends that execute in the same cycle."""
     o, s = c.issue, c.scalar
     g = min(g, a)
     head = 2 * s + o                      # dmem src, dfout, then the head's op starts
@@ -573,9 +593,16 @@ def _two_phase_side(a: int, g: int, n: int, c: Costs) -> tuple[int, int]:
     issue = 3 * s
     for k in range(ngroups - 2, -1, -1):
         size = g if k else g0
-        t = max(ready(size), t + _rho(g, c))
+        r = ready(size)
+        if k == ngroups - 2 and size > 1 and g > 1 and left:
+            # the farthest group root streams its block on as soon as its input is queued,
+            # in the same scheduler cycle as this group's last relay; on the left half it
+            # comes first in PE order, so its block takes this group root's ramp first and
+            # the group's own stream follows it
+            r = max(head + (size - 1) * _rho(1, c), t + _rho(g, c) + n) + n + 2 * s + o
+        t = max(r, t + _rho(g, c))
         if size > 1:
-            issue = max(issue, ready(size) - o)
+            issue = max(issue, r - o)
     return issue, t + _rho(g0, c)
 
 
@@ -599,6 +626,11 @@ def _tree_side(a: int, n: int, c: Costs) -> list[int]:
             first = False
         send[q] = (2 * s + o) if end is None else end + s + o
     return [send[1 << i] + _rho(1 << i, c) for i in range(a.bit_length())]
+
+
+def _full(a: int) -> bool:
+    """A half of `a` PEs is a whole binomial tree (a = 2^k - 1)."""
+    return (a + 1) & a == 0
 
 
 def cost(kind: str, form: str, length: int, n: int, costs: Costs | None = None,
@@ -631,7 +663,8 @@ def cost(kind: str, form: str, length: int, n: int, costs: Costs | None = None,
             arrivals.extend(sorted(got))
     else:
         if group is None:
-            g = (best_group(a_left, n, c), best_group(a_right, n, c)) if form == "two_phase" \
+            g = (best_group(a_left, n, c, True), best_group(a_right, n, c)) \
+                if form == "two_phase" \
                 else (1, 1)
         elif isinstance(group, int):
             g = (group, group)
@@ -641,7 +674,7 @@ def cost(kind: str, form: str, length: int, n: int, costs: Costs | None = None,
             g = (1, 1)
         # (issue, side, arrival): the root takes the halves in the order their last sends
         # execute (the left half first on a tie: its PEs come first in the scheduler's order)
-        sends = sorted(_two_phase_side(a, gg, n, c) + (i,) for i, (a, gg)
+        sends = sorted(_two_phase_side(a, gg, n, c, i == 0) + (i,) for i, (a, gg)
                        in enumerate(((a_left, g[0]), (a_right, g[1]))) if a)
         # both halves come down the root's ramp, one wavelet a cycle: the block sent second
         # starts after the first one's last wavelet
@@ -660,15 +693,44 @@ def cost(kind: str, form: str, length: int, n: int, costs: Costs | None = None,
     return end + s + o + _rho(max(a_left, a_right), c) + n + s
 
 
+def best_layout(kind: str, length: int, n: int, costs: Costs | None = None,
+                form: str | None = None, max_colors: int | None = None) -> tuple[str, int]:
+    """(form, root) with the lowest formula cost over root_candidates(length) (and over the
+    forms, unless `form` is given): what a collective made with root=None uses."""
+    c = costs or Costs()
+    best = None
+    for root in root_candidates(length):
+        try:
+            f = form or fastest(kind, length, n, c, root, max_colors)[0]
+        except CollectiveError:
+            continue
+        if form is None and max_colors is not None \
+                and colors_needed(kind, f, length, root) > max_colors:
+            continue
+        t = cost(kind, f, length, n, c, root)
+        if best is None or t < best[0]:
+            best = (t, f, root)
+    if best is None:
+        raise CollectiveError(f"no {form or ''} {kind} form fits in {max_colors} colors"
+                              .replace("  ", " "))
+    return best[1], best[2]
+
+
 def fastest(kind: str, length: int, n: int, costs: Costs | None = None,
-            root: int | None = None, max_colors: int | None = None) -> tuple[str, int | None]:
-    """(form, group) with the lowest formula cost; group is None unless form is two_phase.
-    Forms that need more than max_colors colors are skipped."""
+            root: int | None = None, max_colors: int | None = None) -> tuple[str, None]:
+    """(form, None): the form with the lowest formula cost for this root (default: the
+    middle); a two_phase collective picks the best group size of each half itself. Forms
+    that need more than max_colors colors are skipped, and the tree unless both halves are
+    whole binomial trees (2^k - 1 PEs)."""
     c = costs or Costs()
     root = default_root(length) if root is None else root
     best = None
     for form in FORMS:
         if max_colors is not None and colors_needed(kind, form, length, root) > max_colors:
+            continue
+        if form == "tree" and not all(_full(a) for a in (root, length - 1 - root)):
+            # a half that is not a whole binomial tree has PEs that send before the traffic
+            # beneath them has passed, which the formula does not model: not chosen blindly
             continue
         t = cost(kind, form, length, n, c, root)
         if best is None or t < best[0]:
@@ -679,5 +741,5 @@ def fastest(kind: str, length: int, n: int, costs: Costs | None = None,
 
 
 __all__ = ["AXES", "FORMS", "KINDS", "CollectiveError", "Costs", "LineCollective", "Role",
-           "allreduce", "best_group", "broadcast", "colors_needed", "cost", "default_root",
-           "fastest", "reduce", "split"]
+           "allreduce", "best_group", "best_layout", "broadcast", "colors_needed", "cost", "default_root",
+           "fastest", "reduce", "root_candidates", "split"]
