@@ -227,29 +227,26 @@ def _plan(kind: str, form: str, length: int, root: int, groups: tuple[int, int],
         levels = colors_needed("reduce", "tree", length, root)
         tc = colors[:levels]
         for s, a, to, away, side in sides:
+            parent, level = _tree_shape(a)
             for q in range(1, a + 1):
-                j = (q & -q).bit_length() - 1
-                c = tc[j]
+                c, p = tc[level[q]], parent[q]
                 pos[at(s, q)].route(c, "RAMP", to)
-                for m in range(q - (1 << j) + 1, q):
+                for m in range(p + 1, q):
                     pos[at(s, m)].route(c, away, to)
-                pos[at(s, q - (1 << j))].route(c, away, "RAMP")
-        # each PE adds its children's blocks, nearest (earliest) first, then sends its sum
-        for s, a, to, away, side in sides:
+                pos[at(s, p)].route(c, away, "RAMP")
+            # each PE adds its children's blocks, nearest (earliest) first, then sends its sum
             for q in range(1, a + 1):
-                j = (q & -q).bit_length() - 1
                 acc = "src"
-                for i in range(j):
-                    if q + (1 << i) <= a:
-                        pos[at(s, q)].ops.append(("add", "dst", ("in", tc[i]), acc))
-                        acc = "dst"
-                pos[at(s, q)].ops.append(("mov", ("out", tc[j]), acc))
-        acc = "src"
-        for i in range(levels):
-            for s, a, to, away, side in sides:
-                if (1 << i) <= a:
-                    root_ops.append(("add", "dst", ("in", tc[i]), acc))
+                for child in _children(parent, q):
+                    pos[at(s, q)].ops.append(("add", "dst", ("in", tc[level[child]]), acc))
                     acc = "dst"
+                pos[at(s, q)].ops.append(("mov", ("out", tc[level[q]]), acc))
+        acc = "src"  # the root: each level's blocks from both halves, in the order sent
+        kids = [(level[q], side) for s, a, to, away, side in sides
+                for parent, level in [_tree_shape(a)] for q in _children(parent, 0)]
+        for lv, _side in sorted(kids):
+            root_ops.append(("add", "dst", ("in", tc[lv]), acc))
+            acc = "dst"
     if kind == "broadcast" or (kind == "allreduce" and length > 1):
         _flood(pos, root, sides, colors[-1] if length > 1 else None, kind, at)
     elif kind == "reduce" and length == 1:
@@ -606,31 +603,46 @@ def _two_phase_side(a: int, g: int, n: int, c: Costs, left: bool = False) -> tup
     return issue, t + _rho(g0, c)
 
 
-def _tree_side(a: int, n: int, c: Costs) -> list[int]:
-    """Arrival at the root of the message from its child at distance 2^i, for each i."""
+def _tree_shape(a: int) -> tuple[list[int], list[int]]:
+    """(parent, level) of each PE q = 1..a of a half (index 0 unused; q = 0 is the root).
+
+    The half is the far end of a whole binomial tree of 2^L - 1 PEs (L = a.bit_length()):
+    PE q is tree node u = q + off, off = 2^L - 1 - a, which sends at level lowbit(u) to node
+    u - lowbit(u); a PE whose parent would be one of the `off` missing nodes next to the root
+    sends to the root itself. So every PE has all its children (none sends before the
+    traffic beneath it has passed, which a tree cut short at the far end would), and the
+    root's children have distinct levels, nearer ones lower."""
+    off = (1 << a.bit_length()) - 1 - a
+    parent, level = [0] * (a + 1), [0] * (a + 1)
+    for q in range(1, a + 1):
+        u = q + off
+        low = u & -u
+        level[q] = low.bit_length() - 1
+        parent[q] = max(u - low - off, 0)
+    return parent, level
+
+
+def _children(parent: list[int], q: int) -> list[int]:
+    """The PEs that send to q, nearest (lowest level, earliest) first."""
+    return [k for k in range(q + 1, len(parent)) if parent[k] == q]
+
+
+def _tree_side(a: int, n: int, c: Costs) -> list[tuple[int, int, int]]:
+    """(level, issue, arrival) of each block the root gets from one half of `a` PEs: the
+    clock at which its sender executes the send, and when its first wavelet is in."""
     o, s = c.issue, c.scalar
-    send = [0] * (a + 2)
+    parent, level = _tree_shape(a)
+    kids = [[] for _ in range(a + 1)]
     for q in range(a, 0, -1):
-        j = (q & -q).bit_length() - 1
-        end, first = None, True
-        setup = 2 * s  # dmem src (and dst) before the first op
-        for i in range(j):
-            child = q + (1 << i)
-            if child > a:
-                break
-            if first:
-                setup += s
-            head = send[child] + _rho(1 << i, c)
-            start = max((setup + s + o) if end is None else end + s + o, head)
-            end = start + n
-            first = False
-        send[q] = (2 * s + o) if end is None else end + s + o
-    return [send[1 << i] + _rho(1 << i, c) for i in range(a.bit_length())]
-
-
-def _full(a: int) -> bool:
-    """A half of `a` PEs is a whole binomial tree (a = 2^k - 1)."""
-    return (a + 1) & a == 0
+        kids[parent[q]].insert(0, q)
+    send = [0] * (a + 1)
+    for q in range(a, 0, -1):
+        end = None
+        for child in kids[q]:  # dmem src, dmem dst, dfin before the first; dfin before others
+            head = send[child] + _rho(child - q, c)
+            end = max((3 * s + o) if end is None else end + s + o, head) + n
+        send[q] = (2 * s + o) if end is None else end + s + o  # (dmem src,) dfout, issue
+    return [(level[q], send[q] - o, send[q] + _rho(q, c)) for q in kids[0]]
 
 
 def cost(kind: str, form: str, length: int, n: int, costs: Costs | None = None,
@@ -656,11 +668,12 @@ def cost(kind: str, form: str, length: int, n: int, costs: Costs | None = None,
         resume = max(start + n, flood - c.queue) if n > c.queue else start + n
         return max(flood + s, resume + s + o + -(-n // c.move) + s)  # dmem dst, copy, halt
     if form == "tree":
+        # by level; in a level, in the order the sends execute (left first on a tie)
+        got = sorted((lv, issue, side, arr) for side, a in enumerate((a_left, a_right))
+                     for lv, issue, arr in _tree_side(a, n, c))
         arrivals = []
-        for i in range(max(a_left, a_right).bit_length()):
-            got = [side[i] for side in (_tree_side(a_left, n, c), _tree_side(a_right, n, c))
-                   if i < len(side)]
-            arrivals.extend(sorted(got))
+        for *_k, arr in got:  # one ramp: each block's head after the previous one's tail
+            arrivals.append(arr if not arrivals else max(arr, arrivals[-1] + n))
     else:
         if group is None:
             g = (best_group(a_left, n, c, True), best_group(a_right, n, c)) \
@@ -720,17 +733,12 @@ def fastest(kind: str, length: int, n: int, costs: Costs | None = None,
             root: int | None = None, max_colors: int | None = None) -> tuple[str, None]:
     """(form, None): the form with the lowest formula cost for this root (default: the
     middle); a two_phase collective picks the best group size of each half itself. Forms
-    that need more than max_colors colors are skipped, and the tree unless both halves are
-    whole binomial trees (2^k - 1 PEs)."""
+    that need more than max_colors colors are skipped."""
     c = costs or Costs()
     root = default_root(length) if root is None else root
     best = None
     for form in FORMS:
         if max_colors is not None and colors_needed(kind, form, length, root) > max_colors:
-            continue
-        if form == "tree" and not all(_full(a) for a in (root, length - 1 - root)):
-            # a half that is not a whole binomial tree has PEs that send before the traffic
-            # beneath them has passed, which the formula does not model: not chosen blindly
             continue
         t = cost(kind, form, length, n, c, root)
         if best is None or t < best[0]:
