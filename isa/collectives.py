@@ -300,6 +300,12 @@ class LineCollective:
     def __init__(self, kind: str, rect, axis: str, n: int, colors, form: str = "fastest",
                  root: int | None = None, group: int | None = None,
                  costs: Costs | None = None):
+        if kind not in KINDS:
+            raise CollectiveError(f"collective kind must be one of {', '.join(KINDS)}, "
+                                  f"got {kind!r}")
+        if form not in (*FORMS, "fastest"):
+            raise CollectiveError(f"collective form must be one of {', '.join(FORMS)}, "
+                                  f"fastest, got {form!r}")
         if axis not in AXES:
             raise CollectiveError(f"collective axis must be 'row' or 'column', got {axis!r}")
         self.rect = rect if isinstance(rect, Rect) else Rect(*(int(v) for v in rect))

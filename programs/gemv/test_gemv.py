@@ -61,3 +61,25 @@ def test_cycles_follow_simd_width(rng):
     # wse3: fp32 FMAC x1, fp16-in/fp32-accumulate x4; wse2: x2
     assert f16.result.cycles < f32.result.cycles / 3
     assert f16.result.cycles < f16_wse2.result.cycles < f32.result.cycles
+
+
+@pytest.mark.parametrize("form", [1, 2, 3])
+def test_every_reduce_form(rng, form):
+    w = rng.standard_normal((96, 80), dtype=np.float32)
+    x = rng.standard_normal(80, dtype=np.float32)
+    a = execute(build("gemv", {"W": w}, M=96, K=80, P=3, Q=10, FORM=form), "wse3", {"x": x})
+    np.testing.assert_allclose(a.outputs["y"], w @ x, rtol=1e-4, atol=1e-4)
+    b = execute(build("gemv", {"W": w}, M=96, K=80, P=3, Q=10, FORM=form), "wse3", {"x": x},
+                engine="reference")
+    same_run(a, b)
+
+
+def test_issue_bar_full_size_wse2():
+    """16384 x 16384 f16 on 512 x 512 PEs of wse2, timing-only: x enters in the middle row,
+    the partials reduce into the middle column with the fastest form."""
+    prog = build("gemv", M=16384, K=16384, P=512, Q=512, DT="f16", SHAPE_ONLY=1)
+    ex = execute(prog, "wse2", {"x": np.zeros(16384, np.float32)}, timing_only=True)
+    assert ex.result.outcome_name == "halted"
+    # the broadcast of x (~300 cycles), the tile product, the two-phase reduce (~530): room
+    # for a tile product timed as 32 column ops with a start cost each (issue 26, item 9)
+    assert ex.result.cycles <= 1500
