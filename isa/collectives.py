@@ -34,7 +34,7 @@ Using it (the compiler and `.collective` in .wsa programs do exactly this)::
     ar = allreduce((0, 0, 16, 4), axis="row", n=64, colors=(1, 2, 3, 4, 5), form="two_phase")
     ar.add_routes(pb)                      # the route rules of every line
     for i, (rect, roles) in enumerate(split(ar.rect, ar)):
-        rb = pb.region(f"r{i}", *rect)     # one region per role strip: no run-time dispatch
+        rb = pb.region(f"r{i}", rect.x, rect.y, rect.w, rect.h)  # one region per role strip
         buf = rb.alloc("buf", 64 * 4)
         ...                                # the caller's code: compute the partial into buf
         ar.emit(rb, src=buf, dst=buf)      # the collective's code for these PEs
@@ -755,5 +755,5 @@ def fastest(kind: str, length: int, n: int, costs: Costs | None = None,
 
 
 __all__ = ["AXES", "FORMS", "KINDS", "CollectiveError", "Costs", "LineCollective", "Role",
-           "allreduce", "best_group", "best_layout", "broadcast", "colors_needed", "cost", "default_root",
-           "fastest", "reduce", "root_candidates", "split"]
+           "allreduce", "best_group", "best_layout", "broadcast", "colors_needed", "cost",
+           "default_root", "fastest", "reduce", "root_candidates", "split"]
