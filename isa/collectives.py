@@ -19,11 +19,14 @@ Forms (docs/collectives.md has a picture and the cost formula of each):
   flows outward to the group's far end (its group root), and the group roots form a chain
   toward the line's root on colors that the other PEs only pass through (a hop costs 1 cycle,
   a relay 1 + 2 ramps + a hop);
-- ``tree``: a binomial tree on each half (the PE at distance q from the root sends to
-  q - lowbit(q)), store-and-forward, one color per level.
+- ``tree``: each half is the far end of a whole binomial tree (a PE adds its children's
+  blocks, then sends its sum to its parent), store-and-forward, one color per level.
 
-The root is in the middle of the line by default (position (length - 1) // 2). A broadcast is
-the same multicast flood in every form (one injection, 1 cycle a hop: nothing relays faster).
+`root` is the position along the line of the broadcast's source or of the PE that gets the
+reduce; with root=None a broadcast uses the middle ((length - 1) // 2) and a reduce or
+allreduce the middle or the last PE, whichever its formula prefers (`best_layout`). A
+broadcast is the same multicast flood in every form (one injection, 1 cycle a hop: nothing
+relays faster).
 
 Using it (the compiler and `.collective` in .wsa programs do exactly this)::
 
@@ -50,14 +53,14 @@ collective and a column collective on the same PEs gets regions that need no dis
 Costs: `cost(kind, form, length, n, costs)` is the formula of each form, from the rules of
 docs/timing-model.md (hop latency, ramp latency, issue overhead, scalar cycles), in cycles from
 the moment every PE of the line starts the collective's code until the last one is done;
-`fastest(kind, length, n, costs)` picks the form (and group size) with the lowest formula.
-`Costs.of(machine)` reads the four numbers from a machine preset. This module imports neither
+`fastest(kind, length, n, costs)` picks the form with the lowest formula (a two_phase
+collective picks its group sizes with `best_group`), `best_layout` the form and the root.
+`Costs.of(machine)` reads the numbers from a machine preset. This module imports neither
 Numba nor the emulator.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from wse_emu.isa.program import Rect
@@ -115,9 +118,10 @@ def default_root(length: int) -> int:
 
 
 def root_candidates(length: int) -> tuple[int, ...]:
-    """The roots best_layout weighs: the middle (half the distance, but the root adds two
-    blocks, one a half) and the last PE (twice the distance, one block to add)."""
-    return tuple(sorted({default_root(length), length - 1}))
+    """The roots best_layout weighs, the first winning a tie: the last PE (twice the
+    distance, one block to add) and the middle (half the distance, but the root adds two
+    blocks, one a half)."""
+    return tuple(sorted({default_root(length), length - 1}, reverse=True))
 
 
 def best_group(side: int, n: int, costs: Costs, left: bool = False) -> int:
@@ -235,16 +239,17 @@ def _plan(kind: str, form: str, length: int, root: int, groups: tuple[int, int],
                     pos[at(s, m)].route(c, away, to)
                 pos[at(s, p)].route(c, away, "RAMP")
             # each PE adds its children's blocks, nearest (earliest) first, then sends its sum
+            kids = _kids(parent)
             for q in range(1, a + 1):
                 acc = "src"
-                for child in _children(parent, q):
+                for child in kids[q]:
                     pos[at(s, q)].ops.append(("add", "dst", ("in", tc[level[child]]), acc))
                     acc = "dst"
                 pos[at(s, q)].ops.append(("mov", ("out", tc[level[q]]), acc))
         acc = "src"  # the root: each level's blocks from both halves, in the order sent
-        kids = [(level[q], side) for s, a, to, away, side in sides
-                for parent, level in [_tree_shape(a)] for q in _children(parent, 0)]
-        for lv, _side in sorted(kids):
+        first = [(level[q], side) for s, a, to, away, side in sides
+                 for parent, level in [_tree_shape(a)] for q in _kids(parent)[0]]
+        for lv, _side in sorted(first):
             root_ops.append(("add", "dst", ("in", tc[lv]), acc))
             acc = "dst"
     if kind == "broadcast" or (kind == "allreduce" and length > 1):
@@ -628,9 +633,12 @@ def _tree_shape(a: int) -> tuple[list[int], list[int]]:
     return parent, level
 
 
-def _children(parent: list[int], q: int) -> list[int]:
-    """The PEs that send to q, nearest (lowest level, earliest) first."""
-    return [k for k in range(q + 1, len(parent)) if parent[k] == q]
+def _kids(parent: list[int]) -> list[list[int]]:
+    """For each q, the PEs that send to it, nearest (lowest level, earliest) first."""
+    kids = [[] for _ in parent]
+    for k in range(1, len(parent)):
+        kids[parent[k]].append(k)
+    return kids
 
 
 def _tree_side(a: int, n: int, c: Costs) -> list[tuple[int, int, int]]:
@@ -638,9 +646,7 @@ def _tree_side(a: int, n: int, c: Costs) -> list[tuple[int, int, int]]:
     clock at which its sender executes the send, and when its first wavelet is in."""
     o, s = c.issue, c.scalar
     parent, level = _tree_shape(a)
-    kids = [[] for _ in range(a + 1)]
-    for q in range(a, 0, -1):
-        kids[parent[q]].insert(0, q)
+    kids = _kids(parent)
     send = [0] * (a + 1)
     for q in range(a, 0, -1):
         end = None
@@ -715,7 +721,8 @@ def cost(kind: str, form: str, length: int, n: int, costs: Costs | None = None,
 def best_layout(kind: str, length: int, n: int, costs: Costs | None = None,
                 form: str | None = None, max_colors: int | None = None) -> tuple[str, int]:
     """(form, root) with the lowest formula cost over root_candidates(length) (and over the
-    forms, unless `form` is given): what a collective made with root=None uses."""
+    forms, unless `form` is given), the last PE on a tie: what a collective made with
+    root=None uses."""
     c = costs or Costs()
     best = None
     for root in root_candidates(length):
