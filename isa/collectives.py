@@ -44,6 +44,9 @@ Using it (the compiler and `.collective` in .wsa programs do exactly this)::
         ...                                # the caller's code after it: buf holds the sum
         rb.halt()
 
+A segment of a line is a collective on a narrower rectangle; collectives on disjoint
+rectangles may use the same colors (routes belong to PEs).
+
 `emit` works for any region inside the collective's rectangle: when the region spans PEs of
 different roles it emits each role's code once and a short branch on the position (GX or GY),
 which costs a few scalar cycles. `split(rect, *collectives)` cuts a rectangle into the
@@ -451,7 +454,7 @@ class LineCollective:
             lo, hi = r.y - self.rect.y, r.y - self.rect.y + r.h
         parts = [(max(lo, ro.first), min(hi, ro.first + ro.count), ro) for ro in self.roles
                  if ro.first < hi and ro.first + ro.count > lo]
-        if len(parts) == 1:
+        if len({ro.code for _a, _b, ro in parts}) == 1:  # one code for all: no branch
             self._emit_code(rb, parts[0][2].code, src, dst, dregs, loc)
             return
         tag = label or f"coll_{self.kind}_{'_'.join(map(str, self.colors))}"

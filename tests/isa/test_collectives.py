@@ -151,3 +151,31 @@ def test_bad_requests_say_what():
         C.reduce((0, 0, 8, 1), "diagonal", 4, colors=(1, 2))
     with pytest.raises(C.CollectiveError, match="root 9"):
         C.reduce((0, 0, 8, 1), "row", 4, colors=(1, 2), form="chain", root=9)
+
+
+def test_segments_of_a_row_share_colors():
+    """Segments of one row are collectives on narrower rectangles; on disjoint PEs they may
+    use the same colors, and each sums only its own segment."""
+    m = load_machine("wse2")
+    segs = [C.allreduce((0, 0, 5, 2), "row", 8, range(1, 6), form="two_phase"),
+            C.allreduce((5, 0, 7, 2), "row", 8, range(1, 6), form="chain")]
+    pb = ProgramBuilder("segments")
+    pb.input("v", "f32", (24, 8))
+    pb.output("s", "f32", (24, 8))
+    for seg in segs:
+        seg.add_routes(pb)
+        for i, (r, _) in enumerate(C.split(seg.rect, seg)):
+            rb = pb.region(f"s{seg.rect.x}_{i}", r.x, r.y, r.w, r.h)
+            a = rb.alloc("a", 32)
+            rb.piece("v", a, "f32", (1, 8), row=(r.y * 12 + r.x, 12, 1), col=0)
+            rb.piece("s", a, "f32", (1, 8), row=(r.y * 12 + r.x, 12, 1), col=0)
+            seg.emit(rb, a, a)
+            rb.halt()
+    v = np.random.default_rng(3).standard_normal((24, 8), dtype=np.float32)
+    ex = execute(pb.build(), m, {"v": v})
+    s, v = ex.outputs["s"].reshape(2, 12, 8), v.reshape(2, 12, 8)
+    for lo, hi in ((0, 5), (5, 12)):
+        want = v[:, lo:hi].sum(axis=1, keepdims=True)
+        np.testing.assert_allclose(s[:, lo:hi], np.broadcast_to(want, (2, hi - lo, 8)),
+                                   rtol=1e-5, atol=1e-5)
+    assert ex.result.cycles == max(seg.cost() for seg in segs)
