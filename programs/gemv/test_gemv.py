@@ -83,3 +83,17 @@ def test_issue_bar_full_size_wse2():
     # the broadcast of x (~300 cycles), the tile product, the two-phase reduce (~530): room
     # for a tile product timed as 32 column ops with a start cost each (issue 26, item 9)
     assert ex.result.cycles <= 1500
+
+
+def test_x_row_and_y_column_can_be_chosen(rng):
+    """XROW = 0 and YCOL = Q - 1 with a chain: the layout of a plain chain gemv (x from row 0,
+    y in the last column), with the same numbers."""
+    w = rng.standard_normal((48, 60), dtype=np.float32)
+    x = rng.standard_normal(60, dtype=np.float32)
+    prog = build("gemv", {"W": w}, M=48, K=60, P=4, Q=5, FORM=1, XROW=0, YCOL=4)
+    assert sorted(r.name for r in prog.regions) == sorted(
+        f"gemv_{b}_{c}" for b in (0, 1) for c in range(5))
+    y = [s for s in prog.symbols if s.name == "y"][0]
+    assert {p.rect.x for p in y.pieces} == {4}
+    ex = execute(prog, "wse3", {"x": x})
+    np.testing.assert_allclose(ex.outputs["y"], w @ x, rtol=1e-4, atol=1e-4)
