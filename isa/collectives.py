@@ -185,6 +185,9 @@ def _plan(kind: str, form: str, length: int, root: int, groups: tuple[int, int],
         else:
             c1, c2 = colors[0:2], colors[2:4]
         incoming = []
+        # both halves end on c2[base]; with base = (root - 1) % 2 a chain's link from
+        # position p to p + 1 has color c2[p % 2], whatever the root
+        base = (root - 1) % 2
         for s, a, to, away, side in sides:
             g = 1 if form == "chain" else min(groups[side], a)
             ngroups = -(-a // g)
@@ -204,8 +207,8 @@ def _plan(kind: str, form: str, length: int, root: int, groups: tuple[int, int],
                         p.ops.append(("mov", ("out", c1[q % 2]), "src"))
                 # the group root (q = hi) sends toward the line's root on c2, through the
                 # routers of its group, to the previous group's root (or the line's root,
-                # which takes both halves on c2[0], in the order they were sent)
-                cp = c2[k % 2]
+                # which takes both halves on c2[base], in the order they were sent)
+                cp = c2[(k + base) % 2]
                 pos[at(s, hi)].route(cp, "RAMP", to)
                 for q in range(lo, hi):
                     pos[at(s, q)].route(cp, away, to)
@@ -224,8 +227,8 @@ def _plan(kind: str, form: str, length: int, root: int, groups: tuple[int, int],
                     else:
                         gr.ops.append(("add", ("out", cp), part, "src"))
                 else:
-                    gr.ops.append(("add", ("out", cp), part, ("in", c2[(k + 1) % 2])))
-            incoming.append(c2[0])
+                    gr.ops.append(("add", ("out", cp), part, ("in", c2[(k + 1 + base) % 2])))
+            incoming.append(c2[base])
         acc = "src"
         for c in incoming:  # whichever half's block was sent first
             root_ops.append(("add", "dst", ("in", c), acc))
