@@ -107,13 +107,17 @@ def test_long_line(n):
         assert got["tree"] < got["two_phase"] < got["chain"]
 
 
-@pytest.mark.parametrize("kind,form", [("reduce", "chain"), ("allreduce", "two_phase"),
-                                       ("allreduce", "tree"), ("broadcast", "chain")])
-def test_core_equals_reference(kind, form):
+@pytest.mark.parametrize("kind,form", [(k, f) for k in ("reduce", "allreduce") for f in C.FORMS]
+                         + [("broadcast", "chain")])
+@pytest.mark.parametrize("length,n", [(2, 1), (9, 24), (16, 1), (23, 64)])
+def test_core_equals_reference(kind, form, length, n):
+    """Bits and cycles equal, and both follow the formula."""
     from programs.conftest import same_run
-    a, _, _ = run(kind, form, 9, 24, lines=2, engine="core")
-    b, _, _ = run(kind, form, 9, 24, lines=2, engine="reference")
+    a, v, coll = run(kind, form, length, n, lines=2, engine="core")
+    b, _, _ = run(kind, form, length, n, lines=2, engine="reference")
     same_run(a, b)
+    check_numbers(kind, b, v, coll)
+    assert near(b.result.cycles, coll.cost())
 
 
 def test_in_place_and_root_anywhere():
