@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from wse_emu.isa.builder import Addr, ProgramBuilder, RegionBuilder
+from wse_emu.isa.collectives import FORMS, CollectiveError, LineCollective
 from wse_emu.isa.encoding import REGISTERS, FBits, kind_text
 from wse_emu.isa.errors import AsmError, BuildError
 from wse_emu.isa.expr import (CONSTANTS, RESERVED, ExprError, Node, Token, evaluate, first_col, parse,
@@ -28,7 +29,7 @@ BLOCK_OPEN = {".if": ".endif", ".rep": ".endrep", ".region": ".endregion"}
 DIRECTIVES = (".param", ".set", ".assert", ".if", ".elif", ".else", ".endif", ".rep", ".endrep",
               ".meta", ".program", ".tensor", ".input", ".output", ".route", ".region",
               ".endregion", ".alloc", ".label", ".load", ".init", ".piece", ".hbm", ".hbminit",
-              ".hbmpiece")
+              ".hbmpiece", ".collective", ".collect")
 _TEMPLATE = re.compile(r"\{([^{}]*)\}")
 MAX_REP = 1_000_000  # a guard against typos like `.rep i = 0, 1 << 40`, not a design limit
 _META_RE = re.compile(r'\s*\.meta\b\s*(?:([A-Za-z_]\w*)|("(?:[^"\\]|\\.)*"))\s*=(.*)$')
@@ -208,6 +209,7 @@ class _Assembler:
         self.allocs: dict[str, Addr] = {}
         self.hbm: dict[str, int] = {}  # HBM buffer addresses (program-wide, unlike allocs)
         self.coords: tuple[int, int] | None = None
+        self.collectives: dict[str, LineCollective] = {}
         self.line = 0
 
     # -- errors and evaluation ----------------------------------------------------------------
@@ -635,6 +637,70 @@ class _Assembler:
             return None
         m = mask(node)
         return m if m is not None else self.int_value(node, "port mask", minimum=0)
+
+    def d_collective(self, stmt: _Stmt) -> None:
+        """.collective NAME, KIND, X, Y, W, H, axis=row|column, n=N, colors=(c0, ...)
+        [, form=chain|two_phase|tree|fastest] [, root=P] [, group=G]: a line collective
+        (isa.collectives) over every line of the rectangle; adds its routes and defines
+        NAME_root (the root's position along a line) and NAME_len (PEs a line)."""
+        self.no_region(stmt)
+        a = self.args(stmt, ["name", "kind", "x", "y", "w", "h"],
+                      keywords=("axis", "n", "colors", "form", "root", "group"),
+                      required_keywords=("axis", "n", "colors"))
+        name = self.name_value(a["name"].node, "collective name")
+        if name in self.collectives:
+            self.fail(f"collective {name!r} is defined twice", a["name"].col)
+        for suffix in ("root", "len"):
+            self.check_new_name(f"{name}_{suffix}", a["name"].col, "collective")
+        kind = self.name_value(a["kind"].node, "collective kind")
+        x, y = (self.int_value(a[k].node, f"collective {k}", minimum=0) for k in ("x", "y"))
+        w, h = (self.int_value(a[k].node, f"collective {k}", minimum=1) for k in ("w", "h"))
+        axis = self.name_value(a["axis"].node, "collective axis")
+        n = self.int_value(a["n"].node, "collective n", minimum=1)
+        node = a["colors"].node
+        items = node.args if node.kind == "tuple" else [node]
+        colors = [self.int_value(c, "collective color", minimum=0) for c in items]
+        form = "fastest"
+        if "form" in a:
+            fnode = a["form"].node
+            if fnode.kind == "name" and fnode.value in (*FORMS, "fastest"):
+                form = fnode.value
+            else:  # an expression: 0 fastest, 1 chain, 2 two_phase, 3 tree
+                code = self.int_value(fnode, "collective form", minimum=0)
+                if code > len(FORMS):
+                    self.fail(f"collective form must be chain, two_phase, tree, fastest or "
+                              f"0..{len(FORMS)}, got {code}", first_col(fnode))
+                form = ("fastest", *FORMS)[code]
+        root = self.int_value(a["root"].node, "collective root", minimum=0) \
+            if "root" in a else None
+        group = self.int_value(a["group"].node, "collective group", minimum=1) \
+            if "group" in a else None
+        try:
+            coll = LineCollective(kind, (x, y, w, h), axis, n, colors, form, root, group)
+        except CollectiveError as e:
+            self.fail(str(e), stmt.head.col)
+        self.build_call(coll.add_routes, self.pb, loc=self.loc(stmt.head.col))
+        self.collectives[name] = coll
+        self.sets[f"{name}_root"] = coll.root
+        self.sets[f"{name}_len"] = coll.length
+
+    def d_collect(self, stmt: _Stmt) -> None:
+        """.collect NAME, SRC, DST: the code of collective NAME for this region's PEs."""
+        self.need_region(stmt.head, ".collect")
+        a = self.args(stmt, ["name", "src", "dst"])
+        name = self.name_value(a["name"].node, "collective name")
+        coll = self.collectives.get(name)
+        if coll is None:
+            self.fail(f"undefined collective {name!r} (declare it with .collective first)",
+                      a["name"].col)
+        src = self.int_value(a["src"].node, ".collect source", addr=True)
+        dst = self.int_value(a["dst"].node, ".collect destination", addr=True)
+        label = f"{name}_{self.region.pc}"
+        try:
+            self.build_call(coll.emit, self.region, src, dst, label=label,
+                            loc=self.loc(stmt.head.col))
+        except CollectiveError as e:
+            self.fail(str(e), stmt.head.col)
 
     def d_alloc(self, stmt: _Stmt) -> None:
         self.need_region(stmt.head, ".alloc")

@@ -61,3 +61,39 @@ def test_cycles_follow_simd_width(rng):
     # wse3: fp32 FMAC x1, fp16-in/fp32-accumulate x4; wse2: x2
     assert f16.result.cycles < f32.result.cycles / 3
     assert f16.result.cycles < f16_wse2.result.cycles < f32.result.cycles
+
+
+@pytest.mark.parametrize("form", [1, 2, 3])
+def test_every_reduce_form(rng, form):
+    w = rng.standard_normal((96, 80), dtype=np.float32)
+    x = rng.standard_normal(80, dtype=np.float32)
+    a = execute(build("gemv", {"W": w}, M=96, K=80, P=3, Q=10, FORM=form), "wse3", {"x": x})
+    np.testing.assert_allclose(a.outputs["y"], w @ x, rtol=1e-4, atol=1e-4)
+    b = execute(build("gemv", {"W": w}, M=96, K=80, P=3, Q=10, FORM=form), "wse3", {"x": x},
+                engine="reference")
+    same_run(a, b)
+
+
+def test_issue_bar_full_size_wse2():
+    """16384 x 16384 f16 on 512 x 512 PEs of wse2, timing-only: x enters in the middle row,
+    the partials reduce into the middle column with the fastest form."""
+    prog = build("gemv", M=16384, K=16384, P=512, Q=512, DT="f16", SHAPE_ONLY=1)
+    ex = execute(prog, "wse2", {"x": np.zeros(16384, np.float32)}, timing_only=True)
+    assert ex.result.outcome_name == "halted"
+    # the broadcast of x (~300 cycles), the tile product, the two-phase reduce (~530): room
+    # for a tile product timed as 32 column ops with a start cost each (issue 26, item 9)
+    assert ex.result.cycles <= 1500
+
+
+def test_x_row_and_y_column_can_be_chosen(rng):
+    """XROW = 0 and YCOL = Q - 1 with a chain: the layout of a plain chain gemv (x from row 0,
+    y in the last column), with the same numbers."""
+    w = rng.standard_normal((48, 60), dtype=np.float32)
+    x = rng.standard_normal(60, dtype=np.float32)
+    prog = build("gemv", {"W": w}, M=48, K=60, P=4, Q=5, FORM=1, XROW=0, YCOL=4)
+    assert sorted(r.name for r in prog.regions) == sorted(
+        f"gemv_{b}_{c}" for b in (0, 1) for c in range(5))
+    y = [s for s in prog.symbols if s.name == "y"][0]
+    assert {p.rect.x for p in y.pieces} == {4}
+    ex = execute(prog, "wse3", {"x": x})
+    np.testing.assert_allclose(ex.outputs["y"], w @ x, rtol=1e-4, atol=1e-4)
