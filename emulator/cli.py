@@ -37,6 +37,13 @@ def _say_interrupted() -> None:
         _told[0] = True
         clear_status()
         click.echo("wse-emu: interrupted", err=True)
+    try:  # the command has unwound: from here on the process only exits, and Python's
+        # finalisation would put back the default handler, which a late second Ctrl-C would
+        # turn into a death by signal instead of exit code 130
+        if _signalled[0]:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        pass
 
 
 class Interrupted(click.ClickException):
@@ -51,9 +58,13 @@ class Interrupted(click.ClickException):
         _say_interrupted()
 
 
+_signalled = [False]  # a real SIGINT arrived: the process is on its way out
+
+
 def _on_sigint(signum, frame):
     # the first Ctrl-C unwinds the command; a second one while it unwinds (a helper thread
     # joining, a temporary file being removed) ends the process at once, without a traceback
+    _signalled[0] = True
     signal.signal(signal.SIGINT, _on_second_sigint)
     raise KeyboardInterrupt
 
@@ -143,7 +154,7 @@ class OneLineErrors(click.Group):
     """Usage errors (a bad flag or value) as one `wse-emu: error:` line, exit code 2."""
 
     def main(self, *args, **kwargs):
-        _told[0] = False
+        _told[0] = _signalled[0] = False
         try:
             previous = signal.signal(signal.SIGINT, _on_sigint)
         except ValueError:  # not the main thread (an embedding application): leave it be
@@ -151,7 +162,9 @@ class OneLineErrors(click.Group):
         try:
             return self._main(*args, **kwargs)
         finally:
-            if previous is not None:
+            # after a Ctrl-C the second-signal handler stays: a second Ctrl-C while the
+            # process exits must not end it with a traceback or by the signal
+            if previous is not None and not _signalled[0]:
                 signal.signal(signal.SIGINT, previous)
 
     def _main(self, *args, **kwargs):
@@ -200,7 +213,7 @@ def machines():
 @main.command()
 @click.argument("source", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
-              help="program.bin to write (missing folders are created)")
+              help="program.bin to write")
 @click.option("-D", "defines", multiple=True, metavar="NAME=VALUE", help="override a .param")
 @click.option("--data", multiple=True, metavar="NAME=FILE.npy", help="bind a resident .tensor")
 @user_errors
@@ -229,8 +242,12 @@ def disasm(binary, outdir):
     program = read_program(binary)
     writable(outdir, folder=True)
     stem = os.path.splitext(os.path.basename(binary))[0]
-    click.echo(write_with(os.path.join(outdir, stem + ".wsa"),
-                          lambda p: disassemble(program, outdir, stem)))
+
+    def write(folder: str) -> str:
+        os.makedirs(folder, exist_ok=True)
+        return disassemble(program, folder, stem)
+
+    click.echo(write_with(outdir, write))
 
 
 @main.command()
@@ -262,26 +279,27 @@ def info(binary, all_regions, machine_name):
 
 
 def writable(path: str, folder: bool = False) -> None:
-    """UserError now, before any work, when `path` could not be written later: the nearest
-    folder that exists must be one this user may write into (missing folders are created when
-    the output is written, as for every output of every command)."""
+    """UserError now, before any work, when `path` could not be written later. Every command
+    treats missing folders alike: a file's folder must exist; a folder output (--dump-dir,
+    disasm -o, bench -o) is created, inside a folder that exists."""
+    import errno
     from pathlib import Path
 
     p = Path(path).absolute()
     if p.exists() and p.is_dir() != folder:
         raise UserError(f"{path}: is {'not ' if folder else ''}a folder")
-    up = p if folder else p.parent
-    while not up.exists():
-        up = up.parent
+    up = p.parent
     if not up.is_dir():
-        raise UserError(f"{path}: {up} is not a folder")
-    if not os.access(up, os.W_OK | os.X_OK):
-        raise UserError(f"{path}: permission denied (cannot write in {up})")
+        raise UserError(f"{path}: {os.strerror(errno.ENOENT)} (no folder {up}; "
+                        f"create it first)")
+    where = p if folder and p.is_dir() else up
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise UserError(f"{path}: permission denied (cannot write in {where})")
 
 
 def save_files(files: dict[str, bytes]) -> None:
     """Write every file or none: each to a temporary file beside it, then all renamed into
-    place; missing folders are created. Errors name the user's path."""
+    place (their folder is created if it is missing). Errors name the user's path."""
     import tempfile
     from pathlib import Path
 
@@ -290,7 +308,7 @@ def save_files(files: dict[str, bytes]) -> None:
         for path, data in files.items():
             target = Path(path)
             try:
-                target.parent.mkdir(parents=True, exist_ok=True)
+                target.parent.mkdir(exist_ok=True)
                 fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
                                            suffix=".tmp")
             except OSError as e:
@@ -312,13 +330,10 @@ def save_files(files: dict[str, bytes]) -> None:
                 os.unlink(tmp)
 
 
-def write_with(path: str, write) -> None:
-    """Call write(path) (a writer that writes atomically) after creating missing folders,
-    naming the user's path in any error (not the writer's temporary file)."""
-    from pathlib import Path
-
+def write_with(path: str, write):
+    """write(path) (a writer that writes atomically, or a folder's contents), naming the
+    user's path in any error (not the writer's temporary file)."""
     try:
-        Path(path).absolute().parent.mkdir(parents=True, exist_ok=True)
         return write(path)
     except OSError as e:
         raise UserError(f"{path}: {e.strerror or e}") from None
@@ -456,7 +471,7 @@ def run(binary, machine_name, inputs, dump_dir, as_json, trace_path, trace_cap, 
             if note:
                 d["plot_note"] = note
     elif dump_dir or trace_path or plot_path:
-        d["not_written"] = "the program did not halt, so no output file was written"
+        d["not_written"] = "no output file written"
     if as_json:
         click.echo(json.dumps(d, indent=1))
     else:
@@ -478,7 +493,7 @@ def run(binary, machine_name, inputs, dump_dir, as_json, trace_path, trace_cap, 
 @main.command(name="compile")
 @click.argument("model", type=click.Path())
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
-              help="program.bin to write (missing folders are created)")
+              help="program.bin to write")
 @click.option("--machine", "machine_name", default="wse3", show_default=True)
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]),
               help="storage type of the resident weights [default: the checkpoint's (its "
@@ -663,6 +678,7 @@ def bench(models, machines, outdir, dtype, max_context, position):
         command += f" --max-context {max_context}"
     if position is not None:
         command += f" --position {position}"
+    writable(outdir, folder=True)
     progress = bench_progress()
     try:
         suite = run_suite(models, machines, dtype=dtype, max_context=max_context,
@@ -672,8 +688,13 @@ def bench(models, machines, outdir, dtype, max_context, position):
     finally:
         if sys.stderr.isatty():
             click.echo("\r" + " " * 110 + "\r", err=True, nl=False)
-    files = write_outputs(suite, outdir)
     click.echo(markdown(suite))
+    if not any(c["status"] == "ok" for c in suite["cases"]):
+        # empty charts would look like results: say so and write nothing
+        click.echo(f"wse-emu: no case ran (the table says why), so nothing was written to "
+                   f"{outdir}", err=True)
+        sys.exit(1)
+    files = write_with(outdir, lambda p: write_outputs(suite, p))
     click.echo(f"wrote {', '.join(str(f) for f in files)}", err=True)
     bad = violations(suite)
     for line in bad:

@@ -249,7 +249,9 @@ def is_shape_only(program: Program) -> bool:
         return False
     if "shape_only" in info:
         return bool(info["shape_only"])
-    return not program.tensors and not program.hbm_inits
+    # weights are tensors stored by reference to the checkpoint (small tables such as the
+    # default positions are inline): none, and no HBM init, means a shape-only compile
+    return not any(t.data is None for t in program.tensors) and not program.hbm_inits
 
 
 def check_runnable(program: Program, timing_only: bool, what: str = "the program") -> None:
