@@ -290,7 +290,7 @@ def writable(path: str, folder: bool = False) -> None:
         raise UserError(f"{path}: is {'not ' if folder else ''}a folder")
     up = p.parent
     if not up.is_dir():
-        raise UserError(f"{path}: {os.strerror(errno.ENOENT)} (no folder {up}; "
+        raise UserError(f"{path}: {os.strerror(errno.ENOENT)} (its folder does not exist; "
                         f"create it first)")
     where = p if folder and p.is_dir() else up
     if not os.access(where, os.W_OK | os.X_OK):
