@@ -681,8 +681,9 @@ def bench(models, machines, outdir, dtype, max_context, position):
     writable(outdir, folder=True)
     progress = bench_progress()
     try:
-        suite = run_suite(models, machines, dtype=dtype, max_context=max_context,
-                          position=position, progress=progress, command=command)
+        with numba_notice(sys.stderr.isatty()):
+            suite = run_suite(models, machines, dtype=dtype, max_context=max_context,
+                              position=position, progress=progress, command=command)
     except BenchError as e:
         raise UserError(str(e)) from None
     finally:

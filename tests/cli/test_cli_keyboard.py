@@ -248,7 +248,7 @@ def test_run_generate_info_take_the_machine_from_program_bin(model, cli, user_er
                    "m2.bin was compiled for machine 'wse2', not 'wse3'")
 
 
-def test_hbm_program_on_a_mesh_machine_gets_a_hint(tmp_path, cli, user_error):
+def test_hbm_program_on_a_mesh_machine_gets_a_hint(tmp_path, cli, user_error, monkeypatch):
     repo = Path(__file__).resolve().parents[2]
     np.save(tmp_path / "W.npy", np.ones((128, 64), dtype=np.float32))
     out = cli("asm", repo / "programs" / "hbm_gemv" / "hbm_gemv.wsa", "-D", "M=128", "-D",
@@ -257,6 +257,22 @@ def test_hbm_program_on_a_mesh_machine_gets_a_hint(tmp_path, cli, user_error):
     np.save(tmp_path / "x.npy", np.ones(64, dtype=np.float32))
     user_error(cli("run", "h.bin", "--input", "x=x.npy", cwd=tmp_path),
                "the program uses HBM", "--machine h100")
+    # on its machine, --plot shows the cores' DMA waits and the HBM channels
+    import matplotlib.axes
+
+    titles = []
+    original = matplotlib.axes.Axes.set_title
+
+    def set_title(self, label, *a, **k):
+        titles.append(label)
+        return original(self, label, *a, **k)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_title", set_title)
+    out = cli("run", "h.bin", "--machine", "h100", "--input", "x=x.npy", "--plot", "h.png",
+              cwd=tmp_path)
+    assert out.code == 0, out.stderr
+    assert (tmp_path / "h.png").read_bytes()[:4] == b"\x89PNG"
+    assert "each core's cycles" in titles and any(t.startswith("HBM channels") for t in titles)
 
 
 def test_demo_refuses_an_hbm_machine(cli, user_error, tmp_path):
