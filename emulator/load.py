@@ -595,11 +595,21 @@ def _init_data(loaded: Loaded) -> None:
             pes, _, _ = _tile_pes(loaded, d.tilemap)
             if (loaded.sram_base[pes] < 0).all():
                 continue  # no PE that keeps SRAM needs this tensor: do not even read it
-        try:
-            values, tag = tensor_array(tensors[d.tensor], loaded.base_dir)
-        except TensorError as e:
-            raise LoadError(str(e)) from None
+        values, tag = _tensor_values(tensors[d.tensor], loaded.base_dir)
         _write_tiles(loaded, d.tilemap, values, tag, f"tensor '{d.tensor}'")
+
+
+def _tensor_values(t, base_dir):
+    """tensor_array, with a weights file that changed since the compile (cut short, say: NumPy's
+    memory map then fails) as one LoadError line."""
+    try:
+        return tensor_array(t, base_dir)
+    except TensorError as e:
+        raise LoadError(str(e)) from None
+    except (ValueError, OSError) as e:
+        where = t.file or t.name
+        raise LoadError(f"{where}: cannot read tensor '{t.key or t.name}' ({e}): the file is "
+                        f"shorter or other than when the program was compiled") from None
 
 
 HBM_CHUNK = 1 << 24  # elements converted at a time when filling HBM (bounds temporary memory)
@@ -654,10 +664,7 @@ def _init_hbm(loaded: Loaded) -> None:
         return
     tensors = {t.name: t for t in loaded.program.tensors}
     for init in loaded.program.hbm_inits:
-        try:
-            values, tag = tensor_array(tensors[init.tensor], loaded.base_dir)
-        except TensorError as e:
-            raise LoadError(str(e)) from None
+        values, tag = _tensor_values(tensors[init.tensor], loaded.base_dir)
         _fill_hbm(loaded.hbm, init, values, tag)
 
 

@@ -317,6 +317,20 @@ def test_truncated_checkpoint_is_refused_at_compile_time(model, cli, user_error,
     assert not (tmp_path / "c.bin").exists()
 
 
+def test_weights_cut_short_after_the_compile_are_one_line(model, cli, user_error, tmp_path):
+    folder = tmp_path / "later"
+    folder.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        (folder / f).write_bytes((model / "tiny" / f).read_bytes())
+    assert cli("compile", "later", "-o", "l.bin", cwd=tmp_path).code == 0
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[:len(data) // 2])
+    user_error(cli("run", "l.bin", "--input", f"input_ids={model / 'ids.npy'}", cwd=tmp_path),
+               "model.safetensors", "shorter or other than when the program was compiled")
+    user_error(cli("generate", "l.bin", "--prompt-ids", "1", cwd=tmp_path),
+               "shorter or other than when the program was compiled")
+
+
 def test_missing_weights_name_the_flag(tmp_path, cli, user_error):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(json.dumps(TINY))
