@@ -595,7 +595,7 @@ def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timin
         return
     if timing_only:
         where = (f"from position {position} (no prefill emulated)" if position is not None
-                 else f"after {len(ids)} prompt positions")
+                 else f"after {len(ids)} prompt position{'s' if len(ids) > 1 else ''}")
         click.echo(f"timing only     {tokens} decode steps {where} (no values are computed, so "
                    f"no token is sampled; each step fed token {res.decode_token})")
     else:
