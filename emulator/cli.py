@@ -438,10 +438,10 @@ def run(binary, machine_name, inputs, dump_dir, as_json, trace_path, trace_cap, 
                                              and s.kind == "input"), arrays[name])
         except LoadError as e:
             raise UserError(f"--input {name}={path}: {e}") from None
-    loaded = load(program, machine, base_dir=base_dir_of(binary), with_data=not timing_only)
-    write_inputs(loaded, arrays)
     show = chatty(as_json)
-    with numba_notice(show and not reference):
+    with numba_notice(show):  # the loader's route builder is compiled too
+        loaded = load(program, machine, base_dir=base_dir_of(binary), with_data=not timing_only)
+        write_inputs(loaded, arrays)
         engine = engine_run("reference" if reference else "core")
         result = engine(loaded, max_cycles=max_cycles, trace=bool(trace_path),
                         trace_cap=trace_cap, progress=run_progress(show))
@@ -580,7 +580,7 @@ def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timin
     check_runnable(program, timing_only, binary)
     machine = resolve_machine(program, machine_name, binary)
     show = chatty(as_json)
-    with numba_notice(show and not reference):
+    with numba_notice(show):
         gen = Generator(program, machine, base_dir=base_dir_of(binary),
                         engine="reference" if reference else "core", timing_only=timing_only)
         gen.check_capacity(len(ids), tokens, position)

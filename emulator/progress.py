@@ -12,8 +12,8 @@ import contextlib
 import sys
 import time
 
-NOTICE = ("wse-emu: note: Numba is compiling the emulator core for this kind of run (up to a "
-          "minute; cached for the next runs)")
+NOTICE = ("wse-emu: note: Numba is compiling the emulator's machine code for this kind of run "
+          "(up to a minute; cached for the next runs)")
 
 
 @contextlib.contextmanager
