@@ -299,7 +299,7 @@ def writable(path: str, folder: bool = False) -> None:
 
 def save_files(files: dict[str, bytes]) -> None:
     """Write every file or none: each to a temporary file beside it, then all renamed into
-    place (their folder is created if it is missing). Errors name the user's path."""
+    place (a --dump-dir folder is created if it is missing). Errors name the user's path."""
     import tempfile
     from pathlib import Path
 
@@ -462,14 +462,13 @@ def run(binary, machine_name, inputs, dump_dir, as_json, trace_path, trace_cap, 
             files |= {os.path.join(dump_dir, f"{n}.npy"): npy_bytes(read_output(loaded, n))
                       for n in names}
             d["dumped"] = names
-        save_files(files)
         if trace_path:
-            d["trace_events"] = write_with(trace_path,
-                                           lambda p: report.write_trace(p, loaded, result))
+            files[trace_path], d["trace_events"] = report.trace_json(loaded, result)
         if plot_path:
-            note = write_with(plot_path, lambda p: report.plot_utilisation(p, loaded, result))
+            files[plot_path], note = report.utilisation_png(loaded, result)
             if note:
                 d["plot_note"] = note
+        save_files(files)  # all of them or none
     elif dump_dir or trace_path or plot_path:
         d["not_written"] = "no output file written"
     if as_json:

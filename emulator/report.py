@@ -179,7 +179,15 @@ def text(d: dict) -> str:
 
 
 def write_trace(path: str, loaded: Loaded, result: RunResult) -> int:
-    """Chrome / Perfetto trace JSON: one thread per PE, one slice per tensor-op chunk."""
+    """Write trace_json to `path` (atomically); the number of events."""
+    data, n = trace_json(loaded, result)
+    atomic_write(path, data)
+    return n
+
+
+def trace_json(loaded: Loaded, result: RunResult) -> tuple[bytes, int]:
+    """Chrome / Perfetto trace JSON: one thread per PE, one slice per tensor-op chunk; the
+    bytes and the number of events."""
     us_per_cycle = 1e6 / loaded.machine.clock_hz
     events = [{"ph": "M", "name": "process_name", "pid": 0, "args": {"name": loaded.program.name}}]
     named = set()
@@ -195,12 +203,18 @@ def write_trace(path: str, loaded: Loaded, result: RunResult) -> int:
                                 "instr": instr_text(loaded, pe, pc)}})
     doc = {"traceEvents": events, "displayTimeUnit": "ns",
            "otherData": {"machine": loaded.machine.name, "cycles": int(result.cycles)}}
-    atomic_write(path, json.dumps(doc).encode())
-    return len(events)
+    return json.dumps(doc).encode(), len(events)
 
 
 def plot_utilisation(path: str, loaded: Loaded, result: RunResult) -> str | None:
-    """PNG of where the run's time went; returns a note for the user, or None.
+    """Write utilisation_png to `path` (atomically); its note for the user, or None."""
+    data, note = utilisation_png(loaded, result)
+    atomic_write(path, data)
+    return note
+
+
+def utilisation_png(loaded: Loaded, result: RunResult) -> tuple[bytes, str | None]:
+    """PNG of where the run's time went, and a note for the user (or None).
 
     Mesh programs: the PE busy share and the busiest outgoing link of each router over the
     mesh, both on a fixed 0-100 % scale (an auto-ranged scale would paint 98.74 % as idle
@@ -242,8 +256,7 @@ def plot_utilisation(path: str, loaded: Loaded, result: RunResult) -> str | None
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=110)
     plt.close(fig)
-    atomic_write(path, png.getvalue())
-    return note
+    return png.getvalue(), note
 
 
 def _plot_hbm(plt, loaded: Loaded, result: RunResult, cycles: int):
