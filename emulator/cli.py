@@ -554,7 +554,8 @@ def parse_ids(text: str, what: str) -> list[int]:
                    "nothing to sample) [default: the last prompt id, else 0]")
 @click.option("--position", type=click.IntRange(min=0), metavar="N",
               help="with --timing-only: decode from position N on an empty cache, without "
-                   "emulating a prefill (timing never depends on the cached values)")
+                   "emulating a prefill (timing never depends on the cached values); a prompt, "
+                   "if given, is not run, its last id is the token fed")
 @user_errors
 def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timing_only,
              decode_token, position):
