@@ -414,7 +414,7 @@ def run(binary, machine_name, inputs, dump_dir, as_json, trace_path, trace_cap, 
     from wse_emu.emulator.api import engine_run
     from wse_emu.emulator.load import (LoadError, base_dir_of, check_input_names,
                                        check_input_values, check_runnable, load, read_output,
-                                       write_inputs)
+                                       uses_hbm, write_inputs)
     from wse_emu.emulator.result import RUN_HALTED
     from wse_emu.isa.binfmt import read_program
 
@@ -440,7 +440,14 @@ def run(binary, machine_name, inputs, dump_dir, as_json, trace_path, trace_cap, 
             raise UserError(f"--input {name}={path}: {e}") from None
     show = chatty(as_json)
     with numba_notice(show):  # the loader's route builder is compiled too
-        loaded = load(program, machine, base_dir=base_dir_of(binary), with_data=not timing_only)
+        try:
+            loaded = load(program, machine, base_dir=base_dir_of(binary),
+                          with_data=not timing_only)
+        except LoadError as e:
+            if uses_hbm(program) and not machine.hbm_bytes and "--machine" not in str(e):
+                raise UserError(f"{e} (run it on an HBM preset, e.g. --machine h100)") \
+                    from None
+            raise
         write_inputs(loaded, arrays)
         engine = engine_run("reference" if reference else "core")
         result = engine(loaded, max_cycles=max_cycles, trace=bool(trace_path),

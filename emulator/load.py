@@ -174,7 +174,7 @@ def load(program: Program, machine: Machine, base_dir: str | None = None,
         if target and target != machine.name and "compiled for" not in str(e):
             raise LoadError(f"{e} (the program was compiled for machine '{target}': pass "
                             f"--machine {target})") from None
-        if uses_hbm(program) and not getattr(machine, "hbm_bytes", 0):
+        if uses_hbm(program) and not getattr(machine, "hbm_bytes", 0) and "HBM" not in str(e):
             raise LoadError(f"{e} (the program uses HBM, which machine '{machine.name}' does "
                             f"not have: run it on an HBM preset, e.g. --machine h100)") from None
         raise
@@ -714,13 +714,13 @@ def check_input_values(program: Program, s, values: np.ndarray) -> np.ndarray:
     LoadError naming the input: wrong dtype, wrong shape, a token id past the vocabulary, a
     position past the KV cache."""
     name = s.name
+    if tuple(values.shape) != tuple(s.shape):
+        raise LoadError(f"input {name!r} must have shape {tuple(s.shape)}, got {values.shape}")
     if values.dtype.name not in _ACCEPTED[s.dtype]:
         hint = " (token ids and positions are integers)" if s.dtype == "i32" else \
             f" (convert it with .astype(np.{_ACCEPTED[s.dtype][0]}))"
         raise LoadError(f"input {name!r} is {s.dtype}, but the values given are "
                         f"{values.dtype.name}{hint}")
-    if tuple(values.shape) != tuple(s.shape):
-        raise LoadError(f"input {name!r} must have shape {tuple(s.shape)}, got {values.shape}")
     if s.dtype != "i32":
         return values.astype(np.float32)
     info = program.meta.get("compiler")

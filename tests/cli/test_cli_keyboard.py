@@ -256,7 +256,7 @@ def test_hbm_program_on_a_mesh_machine_gets_a_hint(tmp_path, cli, user_error, mo
     assert out.code == 0, out.stderr
     np.save(tmp_path / "x.npy", np.ones(64, dtype=np.float32))
     user_error(cli("run", "h.bin", "--input", "x=x.npy", cwd=tmp_path),
-               "the program uses HBM", "--machine h100")
+               "machine wse3 has no HBM", "--machine h100")
     # on its machine, --plot shows the cores' DMA waits and the HBM channels
     import matplotlib.axes
 
@@ -273,6 +273,19 @@ def test_hbm_program_on_a_mesh_machine_gets_a_hint(tmp_path, cli, user_error, mo
     assert out.code == 0, out.stderr
     assert (tmp_path / "h.png").read_bytes()[:4] == b"\x89PNG"
     assert "each core's cycles" in titles and any(t.startswith("HBM channels") for t in titles)
+
+
+def test_hbm_program_too_big_for_a_mesh_pe_gets_the_hint_too(tmp_path, cli, user_error):
+    """The hbm_gemv of the README needs 135 KB of SRAM a core: on wse3 the SRAM check fires
+    first, and still says where the program belongs."""
+    repo = Path(__file__).resolve().parents[2]
+    np.save(tmp_path / "W.npy", np.ones((4096, 1024), dtype=np.float32))
+    out = cli("asm", repo / "programs" / "hbm_gemv" / "hbm_gemv.wsa", "-D", "M=4096", "-D",
+              "K=1024", "-D", "C=64", "--data", "W=W.npy", "-o", "h.bin", cwd=tmp_path)
+    assert out.code == 0, out.stderr
+    np.save(tmp_path / "x.npy", np.ones(1024, dtype=np.float32))
+    user_error(cli("run", "h.bin", "--input", "x=x.npy", cwd=tmp_path),
+               "bytes of SRAM", "the program uses HBM", "--machine h100")
 
 
 def test_demo_refuses_an_hbm_machine(cli, user_error, tmp_path):
