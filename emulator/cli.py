@@ -355,15 +355,20 @@ def chatty(as_json: bool) -> bool:
     return not as_json and sys.stderr.isatty() and sys.stdout.isatty()
 
 
-def run_progress(show: bool):
+def run_progress(show: bool, max_cycles: int | None = None):
     """The progress callback of a run. It is passed even when nothing is shown: the core then
-    returns to Python every fraction of a second, where Ctrl-C is delivered."""
+    returns to Python every fraction of a second, where Ctrl-C is delivered. With --max-cycles
+    the total is known, so it draws a bar."""
     t0 = time.perf_counter()
 
     def progress(cycles: int, instructions: int) -> None:
         if show:
             dt = time.perf_counter() - t0
-            show_status(f"  {dt:6.1f} s  cycle {cycles:,}  {instructions:,} instructions")
+            bar = ""
+            if max_cycles:
+                filled = 24 * min(cycles, max_cycles) // max_cycles
+                bar = f"[{'#' * filled}{'-' * (24 - filled)}] of --max-cycles {max_cycles:,} "
+            show_status(f"  {dt:6.1f} s  cycle {cycles:,} {bar} {instructions:,} instructions")
 
     return progress
 
@@ -451,7 +456,7 @@ def run(binary, machine_name, inputs, dump_dir, as_json, trace_path, trace_cap, 
         write_inputs(loaded, arrays)
         engine = engine_run("reference" if reference else "core")
         result = engine(loaded, max_cycles=max_cycles, trace=bool(trace_path),
-                        trace_cap=trace_cap, progress=run_progress(show))
+                        trace_cap=trace_cap, progress=run_progress(show, max_cycles))
     clear_status()
     d = report.summary(loaded, result)
     d["mode"] = "timing-only" if timing_only else "functional"

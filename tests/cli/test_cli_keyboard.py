@@ -482,3 +482,15 @@ def test_progress_bar_draws_only_when_shown(capsys):
     assert "[############------------] 2/4 runs" in err
     bar.clear()
     assert capsys.readouterr().err.strip() == ""
+
+
+def test_run_progress_draws_a_bar_against_max_cycles_only_when_shown(capsys):
+    from wse_emu.emulator.cli import clear_status, run_progress
+
+    run_progress(False, 100)(50, 7)
+    assert capsys.readouterr().err == ""
+    run_progress(True, 100)(50, 7)
+    err = capsys.readouterr().err
+    assert "cycle 50 [############------------] of --max-cycles 100" in err
+    clear_status()
+    assert capsys.readouterr().err.strip() == ""
