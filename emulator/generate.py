@@ -45,6 +45,7 @@ class GenerateResult:
     mode: str = "functional"  # "functional" | "timing-only"
     decode_token: int | None = None  # timing-only: the token id every decode step was fed
     note: str = ""  # what a timing-only result does not contain, in words
+    start_position: int | None = None  # timing-only: the first decode step's (no prefill run)
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -209,7 +210,7 @@ class Generator:
         return GenerateResult(out, cycles, spt, 1.0 / spt, time.perf_counter() - t0,
                               int(prefill_cycles), per_layer, self.timing_only,
                               "timing-only" if self.timing_only else "functional",
-                              decode_token if self.timing_only else None, note)
+                              decode_token if self.timing_only else None, note, position)
 
     def _layer_name(self, layer: int) -> str:
         if layer == KERNEL:

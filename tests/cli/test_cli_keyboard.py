@@ -216,6 +216,7 @@ def test_generate_from_a_position_times_the_step_a_prefill_would_reach(model, cl
     assert prefilled.code == 0 and direct.code == 0, prefilled.stderr + direct.stderr
     a, b = json.loads(prefilled.stdout), json.loads(direct.stdout)
     assert a["cycles_per_token"] == b["cycles_per_token"]
+    assert a["start_position"] is None and b["start_position"] == n
     np.save(model / "pos.npy", np.array([n], dtype=np.int32))
     np.save(model / "tok.npy", np.array([3], dtype=np.int32))
     run = cli("run", "s.bin", "--timing-only", "--input", "input_ids=tok.npy", "--input",
