@@ -62,7 +62,7 @@ def spin(tmp_path, assemble):
 
 @pytest.mark.parametrize("engine", [(), ("--reference",)], ids=["core", "reference"])
 @pytest.mark.parametrize("signals", [1, 2])
-def test_ctrl_c_stops_an_endless_run_with_130(spin, wse, engine, signals):
+def test_ctrl_c_stops_an_endless_run_with_130(spin, engine, signals):
     import sys
 
     exe = Path(sys.executable).parent / "wse-emu"
