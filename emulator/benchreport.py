@@ -121,7 +121,7 @@ def markdown(suite: dict) -> str:
     if comparison:
         lines += ["", "Resident weights vs HBM streaming:", ""] + [f"- {t}" for t in comparison]
     lines += ["", "Host cost per case (this machine):", "",
-              "| model | machine | compile | load | decode step | case total | peak RSS |",
+              "| model | machine | compile | load | decode step | case total | peak RSS so far |",
               "|---|---|---:|---:|---:|---:|---:|"]
     for c in cases:
         h = c["host"]
@@ -189,6 +189,10 @@ def write_outputs(suite: dict, outdir) -> list[Path]:
     return files
 
 
+def _dtype_bytes(suite: dict) -> int:
+    return {"fp32": 4, "f32": 4}.get(suite["meta"].get("dtype"), 2)
+
+
 def _pyplot():
     import matplotlib
 
@@ -225,7 +229,9 @@ def plot_tokens_per_second(suite: dict) -> bytes:
             if c["status"] == "ok":
                 tps = c["figures"]["tokens_per_second"]
                 ax.bar(x, tps - bottom, width, bottom=bottom, color=f"C{j}")
-                ax.annotate(f"{tps:,.0f}", (x, tps), ha="center", va="bottom", fontsize=7)
+                # machines may hold different contexts: each bar says at what it ran
+                ax.annotate(f"{tps:,.0f}\nctx {c.get('max_context')}\npos {c.get('position')}",
+                            (x, tps), ha="center", va="bottom", fontsize=6)
             else:
                 ax.annotate(c["status"], (x, 0.03), xycoords=ax.get_xaxis_transform(),
                             ha="center", va="bottom", fontsize=7, rotation=90, color=f"C{j}")
@@ -234,7 +240,8 @@ def plot_tokens_per_second(suite: dict) -> bytes:
     ax.set_xticks(range(len(models)), models)
     ax.set_xlim(-0.5, len(models) - 0.5)
     ax.set_ylabel("tokens/s (batch-1 decode, emulated)")
-    ax.set_title(f"Decode tokens/s, weights {suite['meta']['dtype']}")
+    ax.set_title(f"Decode tokens/s, weights {suite['meta']['dtype']}; each bar: the KV "
+                 f"context compiled (ctx) and the position decoded (pos)", fontsize=9)
     from matplotlib.patches import Patch
 
     ax.legend(handles=[Patch(color=f"C{j}", label=n) for j, n in enumerate(machines)])
@@ -266,12 +273,19 @@ def plot_roofline(suite: dict, machine: dict) -> bytes:
         f = c["figures"]
         y = f["flops_per_token"] * f["tokens_per_second"]
         ax.plot(f["arithmetic_intensity"], y, "o", color=f"C{i}",
-                label=f"{c['model']}: {y / 1e12:.3g} TFLOP/s")
+                label=f"{c['model']} (ctx {c.get('max_context')}, pos {c.get('position')}): "
+                      f"{y / 1e12:.3g} TFLOP/s")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("FLOPs per byte of weight traffic")
     ax.set_ylabel("FLOP/s")
     ax.set_title(f"{machine['name']}: batch-1 decode on the roofline")
+    if xs:
+        # batch 1 does one multiply-add per weight, so every model sits at the same x (2 FLOPs
+        # per weight / its bytes): the chart compares heights, and says why
+        ax.annotate("batch 1: one multiply-add per weight, so every model sits at\n"
+                    f"x = 2 FLOPs / {_dtype_bytes(suite)} bytes a weight; only the "
+                    f"heights differ", (0.02, 0.02), xycoords="axes fraction", fontsize=7)
     ax.legend(fontsize=7)
     ax.grid(which="both", alpha=0.3)
     fig.tight_layout()

@@ -93,6 +93,14 @@ class ModelSpec:
     name: str
     folder: Path  # holds config.json (shape-only compiles need nothing else)
     builtin: bool
+    shown: str = ""  # what the user gave (a built-in name, their config's path)
+
+    def tell(self, text: str) -> str:
+        """`text` with the suite's temporary folder replaced by what the user gave."""
+        if self.shown and str(self.folder) in text:
+            return text.replace(str(self.folder / "config.json"), self.shown) \
+                .replace(str(self.folder), self.shown)
+        return text
 
 
 def model_specs(entries, workdir: Path) -> list[ModelSpec]:
@@ -124,11 +132,13 @@ def model_specs(entries, workdir: Path) -> list[ModelSpec]:
         unique, k = name, 2
         while unique in taken:
             unique, k = f"{name}-{k}", k + 1
+        shown = entry
         if folder is None:
             folder = Path(workdir) / unique
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "config.json").write_text(json.dumps(config, indent=1))
-        specs.append(ModelSpec(unique, folder, entry in BUILTIN_MODELS))
+            shown = f"built-in {entry}" if entry in BUILTIN_MODELS else entry
+        specs.append(ModelSpec(unique, folder, entry in BUILTIN_MODELS, shown))
     if not specs:
         raise BenchError("no models to benchmark")
     return specs
@@ -243,7 +253,7 @@ def compile_case(spec: ModelSpec, machine, dtype: str, max_context: int | None):
                                              shape_only=True)
             return program, report, ctx
         except CompileError as e:
-            reason = f"max_context {ctx}: {e}"  # a shorter context may fit
+            reason = f"max_context {ctx}: {spec.tell(str(e))}"  # a shorter context may fit
     return None, reason, None
 
 
@@ -381,7 +391,6 @@ def run_model(spec: ModelSpec, machines, dtype: str, max_context: int | None,
     for m in machines:
         case = Case(spec.name, m.name)
         tick.show(case, "compiling")
-        _reset_peak_rss()
         t0 = time.perf_counter()
         program, report, ctx = compile_case(spec, m, dtype, max_context)
         case.host["compile_seconds"] = time.perf_counter() - t0
@@ -396,7 +405,7 @@ def run_model(spec: ModelSpec, machines, dtype: str, max_context: int | None,
     try:
         figures = model_figures(load_graph(spec.folder, shape_only=True))
     except CompileError as e:
-        raise BenchError(f"{spec.name}: {e}") from None
+        raise BenchError(f"{spec.name}: {spec.tell(str(e))}") from None
     if not compiled:
         for _ in cases:
             tick.advance()
@@ -412,7 +421,6 @@ def run_model(spec: ModelSpec, machines, dtype: str, max_context: int | None,
                 case.reason = f"position {pos} is outside max_context {case.max_context}"
             else:
                 tick.show(case, f"loading (max_context {case.max_context})")
-                _reset_peak_rss()
                 run_case(case, m, dtype, program, pos, figures,
                          lambda what, c=case: tick.show(c, what))
                 del program
@@ -449,25 +457,17 @@ def run_suite(models, machines, dtype: str = "bf16", max_context: int | None = N
                  "host": f"{platform.machine()}, {_cpus()} CPUs, Python "
                          f"{platform.python_version()}",
                  "host_seconds": time.perf_counter() - t_start,
-                 # the per-case windows reset the kernel's high-water mark (and so ru_maxrss)
-                 "peak_rss_bytes": max([peak_rss_bytes()] + [c.host.get("peak_rss_bytes", 0)
-                                                             for c in cases]),
+                 "peak_rss_bytes": peak_rss_bytes(),
                  "token_id": TOKEN_ID, "batch": 1, "batch_sweep": BATCH_NOTE,
                  "machines": [machine_json(m) for m in machines]},
         "cases": [c.to_json() for c in cases],
     }
 
 
-def _reset_peak_rss() -> None:
-    """Start a new peak-RSS window (Linux: writing 5 to clear_refs resets VmHWM)."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
-
-
 def peak_rss_bytes() -> int:
-    """The process's peak resident set since the last reset (VmHWM), else since it started."""
+    """The process's peak resident set so far (VmHWM). Never reset (writing to clear_refs
+    would): tools watching the process must see its true peak, so a case's figure is the
+    peak up to the end of that case, over the cases run before it too."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("VmHWM:"):

@@ -11,19 +11,82 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import sys
 import time
 
 import click
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
 
 
 class UserError(click.ClickException):
     exit_code = EXIT_USAGE
 
     def show(self, file=None):
+        clear_status()
         click.echo(f"wse-emu: error: {self.format_message()}", err=True)
+
+
+_told = [False]  # the interrupt's line has been printed
+
+
+def _say_interrupted() -> None:
+    if not _told[0]:
+        _told[0] = True
+        clear_status()
+        click.echo("wse-emu: interrupted", err=True)
+    try:  # the command has unwound: from here on the process only exits, and Python's
+        # finalisation would put back the default handler, which a late second Ctrl-C would
+        # turn into a death by signal instead of exit code 130
+        if _signalled[0]:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        pass
+
+
+class Interrupted(click.ClickException):
+    """Ctrl-C: one line, exit code 130. Outputs are written only after a run succeeds, each
+    to a temporary file renamed into place, so nothing is left half-written."""
+    exit_code = EXIT_INTERRUPTED
+
+    def __init__(self):
+        super().__init__("interrupted")
+
+    def show(self, file=None):
+        _say_interrupted()
+
+
+_signalled = [False]  # a real SIGINT arrived: the process is on its way out
+
+
+def _on_sigint(signum, frame):
+    # the first Ctrl-C unwinds the command; a second one while it unwinds (a helper thread
+    # joining, a temporary file being removed) ends the process at once, without a traceback
+    _signalled[0] = True
+    signal.signal(signal.SIGINT, _on_second_sigint)
+    raise KeyboardInterrupt
+
+
+def _on_second_sigint(signum, frame):
+    _say_interrupted()
+    os._exit(EXIT_INTERRUPTED)
+
+
+_status_shown = [False]  # a progress line is on stderr (a terminal) and must be cleared
+
+
+def clear_status() -> None:
+    if _status_shown[0]:
+        _status_shown[0] = False
+        click.echo("\r" + " " * 110 + "\r", err=True, nl=False)
+
+
+def show_status(line: str) -> None:
+    """A progress line on stderr, overwritten by the next one (callers check for a terminal)."""
+    _status_shown[0] = True
+    click.echo(f"\r{line[:110]:<110}", err=True, nl=False)
 
 
 def user_errors(fn):
@@ -41,6 +104,8 @@ def user_errors(fn):
             return fn(*args, **kwargs)
         except (AsmError, FormatError, LoadError, MachineError, TensorError, CompileError) as e:
             raise UserError(str(e)) from None
+        except KeyboardInterrupt:
+            raise Interrupted() from None
         except BrokenPipeError:
             # the reader went away (`wse-emu ... | head`): not the user's mistake; exit quietly
             # with the code the run would have had, stdout can no longer take anything
@@ -68,17 +133,41 @@ def load_npy(path: str, what: str):
     import numpy as np
 
     try:
+        with open(path, "rb") as f:
+            magic = f.read(6)
+        if magic != b"\x93NUMPY":  # a text file, a .npz, a pickle: NumPy's own message
+            # would talk about pickled data
+            raise UserError(f"{what}: {path} is not a .npy file ("
+                            f"{'empty' if not magic else 'no NumPy header'}; write one with "
+                            f"numpy.save)")
         return np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise UserError(f"{what}: no such file {path}") from None
-    except (ValueError, OSError, EOFError) as e:  # EOFError: an empty file
-        raise UserError(f"{what}: {path} is not a .npy file ({e or 'empty'})") from None
+    except IsADirectoryError:
+        raise UserError(f"{what}: {path} is a folder, not a .npy file") from None
+    except (ValueError, OSError, EOFError) as e:  # EOFError: a cut-off file
+        raise UserError(f"{what}: {path} is not a readable .npy file ({e or 'cut off'})") \
+            from None
 
 
 class OneLineErrors(click.Group):
     """Usage errors (a bad flag or value) as one `wse-emu: error:` line, exit code 2."""
 
     def main(self, *args, **kwargs):
+        _told[0] = _signalled[0] = False
+        try:
+            previous = signal.signal(signal.SIGINT, _on_sigint)
+        except ValueError:  # not the main thread (an embedding application): leave it be
+            previous = None
+        try:
+            return self._main(*args, **kwargs)
+        finally:
+            # after a Ctrl-C the second-signal handler stays: a second Ctrl-C while the
+            # process exits must not end it with a traceback or by the signal
+            if previous is not None and not _signalled[0]:
+                signal.signal(signal.SIGINT, previous)
+
+    def _main(self, *args, **kwargs):
         try:
             return super().main(*args, standalone_mode=False, **kwargs)
         except click.exceptions.Exit as e:
@@ -95,9 +184,9 @@ class OneLineErrors(click.Group):
             sys.exit(e.exit_code)
         except BrokenPipeError:
             sys.exit(1)
-        except click.Abort:
-            click.echo("wse-emu: aborted", err=True)
-            sys.exit(1)
+        except (click.Abort, KeyboardInterrupt):  # Ctrl-C outside a command's body
+            _say_interrupted()
+            sys.exit(EXIT_INTERRUPTED)
 
 
 @click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
@@ -133,8 +222,9 @@ def asm(source, output, defines, data):
     from wse_emu.isa.asm import assemble_file
     from wse_emu.isa.binfmt import write_program
 
+    writable(output)
     program = assemble_file(source, parse_pairs(defines, "-D"), parse_pairs(data, "--data"))
-    write_program(program, output)
+    write_with(output, lambda p: write_program(program, p))
     click.echo(f"wrote {output}: {len(program.regions)} regions, "
                f"{sum(r.rect.size for r in program.regions):,} PEs", err=True)
 
@@ -142,7 +232,7 @@ def asm(source, output, defines, data):
 @main.command()
 @click.argument("binary", type=click.Path(dir_okay=False))
 @click.option("-o", "--outdir", default=".", type=click.Path(file_okay=False),
-              help="folder for the .wsa and its data files")
+              help="folder for the .wsa and its data files (created if missing)")
 @user_errors
 def disasm(binary, outdir):
     """Disassemble BINARY into a .wsa (and .npy data files) that reassembles byte-identical."""
@@ -150,9 +240,14 @@ def disasm(binary, outdir):
     from wse_emu.isa.disasm import disassemble
 
     program = read_program(binary)
-    os.makedirs(outdir, exist_ok=True)
+    writable(outdir, folder=True)
     stem = os.path.splitext(os.path.basename(binary))[0]
-    click.echo(disassemble(program, outdir, stem))
+
+    def write(folder: str) -> str:
+        os.makedirs(folder, exist_ok=True)
+        return disassemble(program, folder, stem)
+
+    click.echo(write_with(outdir, write))
 
 
 @main.command()
@@ -160,39 +255,154 @@ def disasm(binary, outdir):
 @click.option("--all", "all_regions", is_flag=True,  # (24: isa.info.REGION_ROWS, not imported
               # here: isa.info costs ~0.1 s of start-up, which --help must not pay)
               help="List every region (by default the first 24, then a count of the rest).")
+@click.option("--machine", "machine_name", metavar="PRESET",
+              help="check the program against this machine [default: the one program.bin was "
+                   "compiled for, else wse3]")
 @user_errors
-def info(binary, all_regions):
-    """Describe BINARY: regions, PEs, SRAM use, colors, symbols."""
+def info(binary, all_regions, machine_name):
+    """Describe BINARY: regions, PEs, SRAM use, colors, symbols, and the machine it runs on."""
+    from wse_emu.emulator.load import compiled_for, fit_problems, is_shape_only
     from wse_emu.isa.binfmt import read_program
     from wse_emu.isa.info import REGION_ROWS, describe
 
-    click.echo(describe(read_program(binary), None if all_regions else REGION_ROWS))
+    program = read_program(binary)
+    machine = resolve_machine(program, machine_name, binary)
+    click.echo(describe(program, None if all_regions else REGION_ROWS))
+    target = compiled_for(program)
+    how = "compiled for it" if target else ("given by --machine" if machine_name else
+                                            "the default: an assembled program names none")
+    problems = fit_problems(program, machine)
+    fits = "fits" if not problems else "DOES NOT FIT: " + "; ".join(problems)
+    click.echo(f"machine: {machine.name} ({how}); {fits}")
+    if is_shape_only(program):
+        click.echo("weights: none (compiled with --shape-only): run it with --timing-only")
 
 
-def progress_printer():
-    """A progress callback for long runs (stderr, only when it is a terminal)."""
-    if not sys.stderr.isatty():
-        return None
+def writable(path: str, folder: bool = False) -> None:
+    """UserError now, before any work, when `path` could not be written later. Every command
+    treats missing folders alike: a file's folder must exist; a folder output (--dump-dir,
+    disasm -o, bench -o) is created, inside a folder that exists."""
+    import errno
+    from pathlib import Path
+
+    p = Path(path).absolute()
+    if p.exists() and p.is_dir() != folder:
+        raise UserError(f"{path}: is {'not ' if folder else ''}a folder")
+    up = p.parent
+    if not up.is_dir():
+        raise UserError(f"{path}: {os.strerror(errno.ENOENT)} (its folder does not exist; "
+                        f"create it first)")
+    where = p if folder and p.is_dir() else up
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise UserError(f"{path}: permission denied (cannot write in {where})")
+
+
+def save_files(files: dict[str, bytes]) -> None:
+    """Write every file or none: each to a temporary file beside it, then all renamed into
+    place (a --dump-dir folder is created if it is missing). Errors name the user's path."""
+    import tempfile
+    from pathlib import Path
+
+    temps: list[tuple[str, str]] = []
+    try:
+        for path, data in files.items():
+            target = Path(path)
+            try:
+                target.parent.mkdir(exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
+                                           suffix=".tmp")
+            except OSError as e:
+                raise UserError(f"{path}: {e.strerror}") from None
+            temps.append((tmp, path))
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            mask = os.umask(0)
+            os.umask(mask)
+            os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600; a plain open() would not
+        for tmp, path in temps:
+            try:
+                os.replace(tmp, path)
+            except OSError as e:
+                raise UserError(f"{path}: {e.strerror}") from None
+    finally:
+        for tmp, _ in temps:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+def write_with(path: str, write):
+    """write(path) (a writer that writes atomically, or a folder's contents), naming the
+    user's path in any error (not the writer's temporary file)."""
+    try:
+        return write(path)
+    except OSError as e:
+        raise UserError(f"{path}: {e.strerror or e}") from None
+
+
+def npy_bytes(array) -> bytes:
+    import io
+
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
+def chatty(as_json: bool) -> bool:
+    """Notices and progress go to stderr only for a person at a terminal: never under --json
+    or when stdout or stderr is redirected."""
+    return not as_json and sys.stderr.isatty() and sys.stdout.isatty()
+
+
+def run_progress(show: bool, max_cycles: int | None = None):
+    """The progress callback of a run. It is passed even when nothing is shown: the core then
+    returns to Python every fraction of a second, where Ctrl-C is delivered. With --max-cycles
+    the total is known, so it draws a bar."""
     t0 = time.perf_counter()
 
-    def show(cycles: int, instructions: int) -> None:
-        dt = time.perf_counter() - t0
-        click.echo(f"\r  {dt:6.1f} s  cycle {cycles:,}  {instructions:,} instructions",
-                   err=True, nl=False)
+    def progress(cycles: int, instructions: int) -> None:
+        if show:
+            dt = time.perf_counter() - t0
+            bar = ""
+            if max_cycles:
+                filled = 24 * min(cycles, max_cycles) // max_cycles
+                bar = f"[{'#' * filled}{'-' * (24 - filled)}] of --max-cycles {max_cycles:,} "
+            show_status(f"  {dt:6.1f} s  cycle {cycles:,} {bar} {instructions:,} instructions")
 
-    return show
+    return progress
+
+
+def numba_notice(show: bool):
+    """Within the block: say so when Numba starts compiling (the first run of a kind)."""
+    from wse_emu.emulator.progress import compile_notice
+
+    def write(line: str) -> None:
+        clear_status()
+        click.echo(line, err=True)
+
+    return compile_notice(show, write)
+
+
+def resolve_machine(program, name, binary):
+    from wse_emu.emulator.load import program_machine
+
+    return program_machine(program, name, binary)
 
 
 @main.command()
 @click.argument("binary", type=click.Path(dir_okay=False))
-@click.option("--machine", "machine_name", default="wse3", show_default=True,
-              help="preset name or a .toml file")
+@click.option("--machine", "machine_name", metavar="PRESET",
+              help="preset name or a .toml file [default: the one program.bin was compiled "
+                   "for, else wse3]")
 @click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy",
               help="scatter an input symbol before the run")
 @click.option("--dump-dir", type=click.Path(file_okay=False), help="write every output as NAME.npy")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False),
               help="write a Chrome/Perfetto trace JSON")
+@click.option("--trace-cap", type=click.IntRange(min=1), default=1_000_000, show_default=True,
+              help="most events --trace records (about 200 bytes each)")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
               help="write a PNG heatmap of PE and link utilisation")
 @click.option("--max-cycles", type=click.IntRange(min=1), help="stop a run that passes N cycles")
@@ -200,48 +410,79 @@ def progress_printer():
 @click.option("--timing-only", is_flag=True,
               help="no SRAM contents: the same cycles, for --shape-only programs at full size")
 @user_errors
-def run(binary, machine_name, inputs, dump_dir, as_json, trace_path, plot_path, max_cycles,
-        reference, timing_only):
-    """Run BINARY on an emulated mesh and report cycles, stalls and traffic."""
+def run(binary, machine_name, inputs, dump_dir, as_json, trace_path, trace_cap, plot_path,
+        max_cycles, reference, timing_only):
+    """Run BINARY on an emulated mesh and report cycles, stalls and traffic.
+
+    Output files (--dump-dir, --trace, --plot) are written only when the program halts."""
     from wse_emu.emulator import report
     from wse_emu.emulator.api import engine_run
-    from wse_emu.emulator.load import base_dir_of, check_input_names, load, read_output, write_inputs
-    from wse_emu.emulator.machine import load_machine
+    from wse_emu.emulator.load import (LoadError, base_dir_of, check_input_names,
+                                       check_input_values, check_runnable, load, read_output,
+                                       uses_hbm, write_inputs)
+    from wse_emu.emulator.result import RUN_HALTED
     from wse_emu.isa.binfmt import read_program
-    from wse_emu.isa.fileio import check_folder
 
     if timing_only and dump_dir:
         raise UserError("--dump-dir: a --timing-only run computes no output values")
     if timing_only and reference:
         raise UserError("--reference runs functional programs only (drop --timing-only)")
-    for out in (trace_path, plot_path):  # refuse before the run, not after it
-        if out:
-            check_folder(out)
-    program = read_program(binary)
-    machine = load_machine(machine_name)
-    loaded = load(program, machine, base_dir=base_dir_of(binary), with_data=not timing_only)
+    for out, folder in ((dump_dir, True), (trace_path, False), (plot_path, False)):
+        if out:  # refuse before the run, not after it
+            writable(out, folder)
     given = parse_pairs(inputs, "--input")
+    program = read_program(binary)
+    check_runnable(program, timing_only, binary)
+    machine = resolve_machine(program, machine_name, binary)
     check_input_names(program, given)
-    write_inputs(loaded, {name: load_npy(path, f"--input {name}") for name, path in given.items()})
-    engine = engine_run("reference" if reference else "core")
-    result = engine(loaded, max_cycles=max_cycles, trace=bool(trace_path),
-                    progress=progress_printer())
-    if sys.stderr.isatty():
-        click.echo("\r" + " " * 70 + "\r", err=True, nl=False)
+    arrays = {}
+    for name, path in given.items():
+        arrays[name] = load_npy(path, f"--input {name}")
+        try:
+            check_input_values(program, next(s for s in program.symbols if s.name == name
+                                             and s.kind == "input"), arrays[name])
+        except LoadError as e:
+            raise UserError(f"--input {name}={path}: {e}") from None
+    show = chatty(as_json)
+    with numba_notice(show):  # the loader's route builder is compiled too
+        try:
+            loaded = load(program, machine, base_dir=base_dir_of(binary),
+                          with_data=not timing_only)
+        except LoadError as e:
+            if uses_hbm(program) and not machine.hbm_bytes and "--machine" not in str(e):
+                raise UserError(f"{e} (run it on an HBM preset, e.g. --machine h100)") \
+                    from None
+            raise
+        write_inputs(loaded, arrays)
+        engine = engine_run("reference" if reference else "core")
+        result = engine(loaded, max_cycles=max_cycles, trace=bool(trace_path),
+                        trace_cap=trace_cap, progress=run_progress(show, max_cycles))
+    clear_status()
     d = report.summary(loaded, result)
     d["mode"] = "timing-only" if timing_only else "functional"
-    if dump_dir:
-        import numpy as np
-
-        os.makedirs(dump_dir, exist_ok=True)
-        for s in program.symbols:
-            if s.kind == "output":
-                np.save(os.path.join(dump_dir, f"{s.name}.npy"), read_output(loaded, s.name))
-        d["dumped"] = sorted(s.name for s in program.symbols if s.kind == "output")
-    if trace_path:
-        d["trace_events"] = report.write_trace(trace_path, loaded, result)
-    if plot_path:
-        report.plot_utilisation(plot_path, loaded, result)
+    halted = result.outcome == RUN_HALTED
+    if trace_path and halted:
+        if len(result.trace) >= trace_cap:
+            last = max((int(e[3]) for e in result.trace), default=0)
+            d["trace_truncated"] = (f"--trace stopped at its cap of {trace_cap:,} events "
+                                    f"(cycle {last:,} of {result.cycles:,}): raise it with "
+                                    f"--trace-cap, or trace a smaller problem")
+    if halted:  # a run that did not halt has no results: no file is written
+        files = {}
+        if dump_dir:
+            names = sorted(s.name for s in program.symbols if s.kind == "output")
+            files |= {os.path.join(dump_dir, f"{n}.npy"): npy_bytes(read_output(loaded, n))
+                      for n in names}
+            d["dumped"] = names
+        if trace_path:
+            files[trace_path], d["trace_events"] = report.trace_json(loaded, result)
+        if plot_path:
+            files[plot_path], note = report.utilisation_png(loaded, result)
+            if note:
+                d["plot_note"] = note
+        save_files(files)  # all of them or none
+    elif dump_dir or trace_path or plot_path:
+        d["not_written"] = "no output file written"
     if as_json:
         click.echo(json.dumps(d, indent=1))
     else:
@@ -250,8 +491,13 @@ def run(binary, machine_name, inputs, dump_dir, as_json, trace_path, plot_path, 
             click.echo(d["problem"])
             for line in d["blocked"]:
                 click.echo("  " + line)
+    if not as_json:
+        for key in ("trace_truncated", "plot_note"):
+            if key in d:
+                click.echo(f"wse-emu: note: {d[key]}", err=True)
     if "problem" in d and not as_json:
-        click.echo(f"wse-emu: {d['problem']}", err=True)
+        extra = f" ({d['not_written']})" if "not_written" in d else ""
+        click.echo(f"wse-emu: {d['problem']}{extra}", err=True)
     sys.exit(report.EXIT_CODES[result.outcome])
 
 
@@ -260,8 +506,9 @@ def run(binary, machine_name, inputs, dump_dir, as_json, trace_path, plot_path, 
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="program.bin to write")
 @click.option("--machine", "machine_name", default="wse3", show_default=True)
-@click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32",
-              show_default=True, help="storage type of the resident weights")
+@click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]),
+              help="storage type of the resident weights [default: the checkpoint's (its "
+                   "tensors, or config.json's torch_dtype with --shape-only), else fp32]")
 @click.option("--max-context", type=click.IntRange(min=1), help="KV-cache positions to reserve")
 @click.option("--shape-only", is_flag=True, help="from config.json alone, for timing-only runs")
 @click.option("--dump", multiple=True, metavar="PASS",
@@ -269,62 +516,100 @@ def run(binary, machine_name, inputs, dump_dir, as_json, trace_path, plot_path, 
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
 @user_errors
 def compile_cmd(model, output, machine_name, dtype, max_context, shape_only, dump, as_json):
-    """Compile MODEL (an HF folder with config.json + model.safetensors, or a *.graph.json)."""
+    """Compile MODEL (an HF folder with config.json + model.safetensors, its config.json, or a
+    *.graph.json)."""
     from wse_emu.emulator.machine import load_machine
     from wse_emu.isa.binfmt import write_program
-    from wse_emu.isa.compiler.pipeline import compile_model
+    from wse_emu.isa.compiler.pipeline import compile_model, model_source
+    from wse_emu.isa.frontends.hf import checkpoint_dtype
 
+    writable(output)
     machine = load_machine(machine_name)
+    model = model_source(model)
+    if dtype is None:
+        dtype = checkpoint_dtype(model, shape_only) or "fp32"
     base = os.path.dirname(os.path.abspath(output))
     program, rep = compile_model(model, machine, dtype=dtype, max_context=max_context,
                                  shape_only=shape_only, dump=tuple(dump), base_dir=base)
-    write_program(program, output)
+    write_with(output, lambda p: write_program(program, p))
     click.echo(json.dumps(rep.to_json(), indent=1) if as_json else str(rep))
     click.echo(f"wrote {output}", err=True)
 
 
+def parse_ids(text: str, what: str) -> list[int]:
+    """Comma-separated token ids, each a non-negative integer; an empty item is a mistake."""
+    parts = [t.strip() for t in text.split(",")]
+    if parts and parts[-1] == "" and len(parts) > 1:  # one trailing comma is harmless
+        parts.pop()
+    if not all(p.isdigit() for p in parts):
+        bad = next(p for p in parts if not p.isdigit())
+        raise UserError(f"{what} {text!r}: {bad!r} is not a token id (non-negative integers "
+                        f"separated by commas)")
+    return [int(p) for p in parts]
+
+
 @main.command()
 @click.argument("binary", type=click.Path(dir_okay=False))
-@click.option("--prompt-ids", required=True, metavar="1,2,3", help="prompt token ids")
+@click.option("--prompt-ids", metavar="1,2,3",
+              help="prompt token ids (required unless --timing-only --position)")
 @click.option("--tokens", type=click.IntRange(min=1), default=8, show_default=True,
               help="tokens to generate (greedy)")
-@click.option("--machine", "machine_name", default="wse3", show_default=True)
+@click.option("--machine", "machine_name", metavar="PRESET",
+              help="preset name or a .toml file [default: the one program.bin was compiled "
+                   "for]")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 @click.option("--reference", is_flag=True, help="use the pure-Python reference interpreter")
 @click.option("--timing-only", is_flag=True,
               help="no weights needed (--shape-only programs): decode-step timing, no token ids")
 @click.option("--decode-token", type=click.IntRange(min=0), metavar="ID",
               help="with --timing-only: the token id every decode step is fed (no values, so "
-                   "nothing to sample) [default: the last prompt id]")
+                   "nothing to sample) [default: the last prompt id, else 0]")
+@click.option("--position", type=click.IntRange(min=0), metavar="N",
+              help="with --timing-only: decode from position N on an empty cache, without "
+                   "emulating a prefill (timing never depends on the cached values); a prompt, "
+                   "if given, is not run, its last id is the token fed")
 @user_errors
 def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timing_only,
-             decode_token):
+             decode_token, position):
     """Greedy generation with a compiled decoder, one emulated decode step per token."""
     from wse_emu.emulator.generate import Generator
-    from wse_emu.emulator.load import base_dir_of
+    from wse_emu.emulator.load import base_dir_of, check_runnable
+    from wse_emu.emulator.progress import Bar
     from wse_emu.isa.binfmt import read_program
 
-    try:
-        ids = [int(t) for t in prompt_ids.split(",") if t.strip()]
-    except ValueError:
-        raise UserError(f"--prompt-ids {prompt_ids!r} must be integers separated by commas")
-    if not ids:
+    ids = parse_ids(prompt_ids, "--prompt-ids") if prompt_ids is not None else []
+    if position is not None and not timing_only:
+        raise UserError("--position needs --timing-only (a functional run must compute the "
+                        "cache of every earlier position: give the prompt instead)")
+    if not ids and position is None:
         raise UserError("--prompt-ids needs at least one token id")
     if timing_only and reference:
         raise UserError("--reference runs functional programs only (drop --timing-only)")
     if decode_token is not None and not timing_only:
         raise UserError("--decode-token needs --timing-only (a functional run decodes its own "
                         "greedy tokens)")
-    gen = Generator(read_program(binary), machine_name, base_dir=base_dir_of(binary),
-                    engine="reference" if reference else "core", timing_only=timing_only)
-    res = gen.generate(ids, tokens, decode_token=decode_token)
+    program = read_program(binary)
+    check_runnable(program, timing_only, binary)
+    machine = resolve_machine(program, machine_name, binary)
+    show = chatty(as_json)
+    with numba_notice(show):
+        gen = Generator(program, machine, base_dir=base_dir_of(binary),
+                        engine="reference" if reference else "core", timing_only=timing_only)
+        gen.check_capacity(len(ids), tokens, position)
+        bar = Bar((len(ids) if position is None else 1) + tokens - 1, "emulated runs", show)
+        try:
+            res = gen.generate(ids, tokens, decode_token=decode_token, position=position,
+                               on_step=bar.step)
+        finally:
+            bar.clear()
     if as_json:
         click.echo(json.dumps(res.to_json(), indent=1))
         return
     if timing_only:
-        click.echo(f"timing only     {tokens} decode steps after {len(ids)} prompt positions "
-                   f"(no values are computed, so no token is sampled; each step fed token "
-                   f"{res.decode_token})")
+        where = (f"from position {position} (no prefill emulated)" if position is not None
+                 else f"after {len(ids)} prompt position{'s' if len(ids) > 1 else ''}")
+        click.echo(f"timing only     {tokens} decode steps {where} (no values are computed, so "
+                   f"no token is sampled; each step fed token {res.decode_token})")
     else:
         click.echo(f"generated ids   {','.join(map(str, res.generated_ids))}")
     click.echo(f"emulated        {res.seconds_per_token * 1e6:.2f} us/token = "
@@ -337,14 +622,14 @@ def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timin
 
 
 @main.command()
-@click.option("--machine", "machine_name", default="wse3", show_default=True)
+@click.option("--machine", "machine_name", default="wse3", show_default=True,
+              help="the wafer-scale preset (mesh) to run on; the demo compares it with h100")
 @user_errors
 def demo(machine_name):
     """The built-in demo (see README)."""
     from wse_emu.emulator.demo import run_demo
 
-    sys.exit(run_demo(machine_name))
-
+    sys.exit(run_demo(machine_name, show=chatty(False)))
 
 
 def bench_progress():
@@ -405,17 +690,24 @@ def bench(models, machines, outdir, dtype, max_context, position):
         command += f" --max-context {max_context}"
     if position is not None:
         command += f" --position {position}"
+    writable(outdir, folder=True)
     progress = bench_progress()
     try:
-        suite = run_suite(models, machines, dtype=dtype, max_context=max_context,
-                          position=position, progress=progress, command=command)
+        with numba_notice(sys.stderr.isatty()):
+            suite = run_suite(models, machines, dtype=dtype, max_context=max_context,
+                              position=position, progress=progress, command=command)
     except BenchError as e:
         raise UserError(str(e)) from None
     finally:
         if sys.stderr.isatty():
             click.echo("\r" + " " * 110 + "\r", err=True, nl=False)
-    files = write_outputs(suite, outdir)
     click.echo(markdown(suite))
+    if not any(c["status"] == "ok" for c in suite["cases"]):
+        # empty charts would look like results: say so and write nothing
+        click.echo(f"wse-emu: no case ran (the table says why), so nothing was written to "
+                   f"{outdir}", err=True)
+        sys.exit(1)
+    files = write_with(outdir, lambda p: write_outputs(suite, p))
     click.echo(f"wrote {', '.join(str(f) for f in files)}", err=True)
     bad = violations(suite)
     for line in bad:

@@ -51,14 +51,24 @@ def write_gpt2(folder: Path, config: dict, seed: int = 0) -> Path:
     return folder
 
 
-def run_demo(machine_name: str = "wse3", tokens: int = 8) -> int:
+def run_demo(machine_name: str = "wse3", tokens: int = 8, show: bool = False) -> int:
+    """Print the demo; 0 when the emulated ids match the golden model's. show: notices and
+    progress on stderr (a person at a terminal)."""
     from wse_emu.emulator.benchsuite import model_figures
     from wse_emu.emulator.generate import Generator
+    from wse_emu.emulator.load import LoadError
     from wse_emu.emulator.machine import load_machine
+    from wse_emu.emulator.progress import compile_notice
     from wse_emu.isa.compiler.pipeline import compile_model
     from wse_emu.isa.graph_numpy import GraphRunner
 
     machine = load_machine(machine_name)
+    if machine.kind != "mesh":
+        # the demo sets a wafer with resident weights beside h100 streaming them from HBM:
+        # an HBM machine in the wafer's place would compare h100 with itself
+        raise LoadError(f"the demo runs a wafer-scale (mesh) machine beside h100; "
+                        f"'{machine.name}' keeps its weights in HBM: pick a mesh preset "
+                        f"(see `wse-emu machines`), or compile and `generate` for it directly")
     c = DEMO_CONFIG
     with tempfile.TemporaryDirectory(prefix="wse-emu-demo-") as tmp:
         model = write_gpt2(Path(tmp) / "gpt2-demo", c)
@@ -75,12 +85,9 @@ def run_demo(machine_name: str = "wse3", tokens: int = 8) -> int:
               f"({report.pes / machine.pes:.2%} of the wafer) in a {report.fabric[0]} x "
               f"{report.fabric[1]} box, SRAM per PE max {report.sram_max:,} B / mean "
               f"{report.sram_mean:,.0f} B, {report.colors} colors", flush=True)
-        cache = Path(__file__).parent / "__pycache__"
-        if not any(cache.glob("core_sched*.nbi")):
-            print("note      first run on this machine: Numba compiles the emulator core "
-                  "(about a minute, cached after that)", flush=True)
-        gen = Generator(program, machine, base_dir=None)
-        res = gen.generate(PROMPT, tokens)
+        with compile_notice(show):
+            gen = Generator(program, machine, base_dir=None)
+            res = gen.generate(PROMPT, tokens)
         golden = GraphRunner(graph).generate_greedy(PROMPT, tokens)
         same = golden == res.generated_ids
         print(f"prompt    {PROMPT}")
@@ -96,7 +103,9 @@ def run_demo(machine_name: str = "wse3", tokens: int = 8) -> int:
             print(f"  {part:<10} {cyc['compute']:>12,} {cyc['fabric']:>12,} {cyc['stall']:>10,}")
         print(f"host      {res.host_seconds:.2f} s for {len(PROMPT)} prompt + {tokens} generated "
               f"tokens")
-        gpu_ok = _hbm_baseline(model, res, tokens, figures.weight_bytes("fp32"), machine.name)
+        with compile_notice(show):
+            gpu_ok = _hbm_baseline(model, res, tokens, figures.weight_bytes("fp32"),
+                                   machine.name)
     return 0 if same and gpu_ok else 1
 
 

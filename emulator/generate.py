@@ -26,6 +26,10 @@ from wse_emu.isa.program import Program
 KERNEL = -2  # the "layer" of every core of an HBM-target kernel (isa/compiler/hbm.py)
 
 
+def _ignore(*args) -> None:
+    pass
+
+
 @dataclass
 class GenerateResult:
     generated_ids: list[int]
@@ -41,6 +45,7 @@ class GenerateResult:
     mode: str = "functional"  # "functional" | "timing-only"
     decode_token: int | None = None  # timing-only: the token id every decode step was fed
     note: str = ""  # what a timing-only result does not contain, in words
+    start_position: int | None = None  # timing-only: the first decode step's (no prefill run)
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -97,12 +102,14 @@ class Generator:
         if self.n_past >= self.max_context:
             raise LoadError(f"KV cache full: {self.n_past} positions cached, max_context "
                             f"{self.max_context} (compile with a larger --max-context)")
-        vocab = int(np.prod(next(s.shape for s in self.program.symbols if s.name == "logits")))
-        if not 0 <= int(token_id) < vocab:
-            raise LoadError(f"token id {token_id} is outside the vocabulary (0..{vocab - 1})")
+        if not 0 <= int(token_id) < self.vocab:
+            raise LoadError(f"token id {token_id} is outside the vocabulary "
+                            f"(0..{self.vocab - 1})")
         write_input(self.loaded, "input_ids", np.array([token_id], dtype=np.int32))
         write_input(self.loaded, "position_ids", np.array([self.n_past], dtype=np.int32))
-        result = self._run(self.loaded)
+        # the callback makes the core return to Python every fraction of a second, where a
+        # Ctrl-C (KeyboardInterrupt) is delivered
+        result = self._run(self.loaded, progress=_ignore)
         if result.outcome != RUN_HALTED:
             raise LoadError(f"run for position {self.n_past} did not finish: "
                             f"{result.outcome_name} at cycle {result.cycles}")
@@ -122,27 +129,62 @@ class Generator:
             logits = self.step(tok)
         return logits
 
-    def generate(self, prompt_ids, n: int, decode_token: int | None = None) -> GenerateResult:
+    @property
+    def vocab(self) -> int:
+        return int(np.prod(next(s.shape for s in self.program.symbols if s.name == "logits")))
+
+    def check_capacity(self, n_prompt: int, n: int, position: int | None = None) -> None:
+        """LoadError before anything runs when the KV cache cannot hold the whole request:
+        the prompt's positions and the n - 1 fed back (or, from `position`, n steps)."""
+        first = n_prompt if position is None else position + 1
+        last = first + n - 1  # positions the cache holds after the last run
+        if last > self.max_context:
+            start = (f"a prompt of {n_prompt}" if position is None
+                     else f"position {position}")
+            raise LoadError(f"{start} and {n} tokens need {last} cached positions, but the "
+                            f"program was compiled with max_context {self.max_context}: ask "
+                            f"for at most {max(self.max_context - first + 1, 0)} tokens, or "
+                            f"compile with a larger --max-context")
+
+    def generate(self, prompt_ids, n: int, decode_token: int | None = None,
+                 position: int | None = None, on_step=None) -> GenerateResult:
         """The n next tokens by argmax after the prompt (the prompt not included).
 
         Timing-only: no logits, so no argmax: the n decode steps are each fed `decode_token`
-        (default: the prompt's last token) and the result has cycles but no generated ids."""
+        (default: the prompt's last token, else 0) and the result has cycles but no generated
+        ids. `position` (timing-only): the first decode step runs at that position on an
+        empty cache, without a prefill (timing never depends on the cached values; prompt_ids
+        may then be empty). Everything is checked before the first run (ids, KV capacity).
+        on_step() is called after every emulated run (a progress bar)."""
         t0 = time.perf_counter()
         ids = [int(i) for i in prompt_ids]
         if n < 1:
             raise LoadError("generate needs n >= 1 tokens")
-        if not ids:
+        if position is not None and not self.timing_only:
+            raise LoadError("a start position is only given in timing-only mode (a functional "
+                            "run computes the cache of every earlier position)")
+        if not ids and position is None:
             raise LoadError("generate needs at least one prompt token")
         if decode_token is not None and not self.timing_only:
             raise LoadError("a decode token is only given in timing-only mode (a functional "
                             "run decodes its own greedy tokens)")
         if self.timing_only:
-            decode_token = ids[-1] if decode_token is None else int(decode_token)
+            decode_token = (ids[-1] if ids else 0) if decode_token is None else int(decode_token)
+        for tok in ids + ([decode_token] if self.timing_only else []):
+            if not 0 <= tok < self.vocab:
+                raise LoadError(f"token id {tok} is outside the vocabulary (0..{self.vocab - 1})")
+        self.check_capacity(len(ids), n, position)
         self.reset()
+        tick = on_step or _ignore
         prefill_cycles, cycles, out = 0, [], []
         totals: dict[int, np.ndarray] = {}
-        for k, tok in enumerate(ids):
+        if position is not None:  # no prefill: the first decode step at `position`
+            self.n_past = int(position)
+            logits = self.step(decode_token)
+            tick()
+        for k, tok in enumerate(ids if position is None else ()):
             logits = self.step(tok)
+            tick()
             if k + 1 < len(ids):
                 prefill_cycles += self.last_result.cycles
         for i in range(n):
@@ -151,10 +193,12 @@ class Generator:
             if self.timing_only:  # no values: every step is fed the given token
                 if i + 1 < n:
                     self.step(decode_token)
+                    tick()
                 continue
             out.append(int(np.argmax(logits)))
             if i + 1 < n:
                 logits = self.step(out[-1])
+                tick()
         spt = float(np.mean(cycles)) / self.machine.clock_hz
         per_layer = {self._layer_name(k): {"compute": int(v[0] // n), "fabric": int(v[1] // n),
                                            "stall": int(v[2] // n)}
@@ -166,7 +210,7 @@ class Generator:
         return GenerateResult(out, cycles, spt, 1.0 / spt, time.perf_counter() - t0,
                               int(prefill_cycles), per_layer, self.timing_only,
                               "timing-only" if self.timing_only else "functional",
-                              decode_token if self.timing_only else None, note)
+                              decode_token if self.timing_only else None, note, position)
 
     def _layer_name(self, layer: int) -> str:
         if layer == KERNEL:

@@ -170,12 +170,95 @@ def load(program: Program, machine: Machine, base_dir: str | None = None,
         return _load(program, machine, base_dir, with_data)
     except LoadError as e:
         # a compiled model records its machine: say so when it is loaded on another one
-        info = program.meta.get("compiler")
-        target = info.get("machine") if isinstance(info, dict) else None
+        target = compiled_for(program)
         if target and target != machine.name and "compiled for" not in str(e):
             raise LoadError(f"{e} (the program was compiled for machine '{target}': pass "
                             f"--machine {target})") from None
+        if uses_hbm(program) and not getattr(machine, "hbm_bytes", 0) and "HBM" not in str(e):
+            raise LoadError(f"{e} (the program uses HBM, which machine '{machine.name}' does "
+                            f"not have: run it on an HBM preset, e.g. --machine h100)") from None
         raise
+
+
+DEFAULT_MACHINE = "wse3"
+
+
+def compiled_for(program: Program) -> str | None:
+    """The machine a compiled model was compiled for (None: an assembled program)."""
+    info = program.meta.get("compiler")
+    target = info.get("machine") if isinstance(info, dict) else None
+    return target if isinstance(target, str) and target else None
+
+
+def uses_hbm(program: Program) -> bool:
+    """Whether the program reads or writes HBM (it then needs an HBM machine)."""
+    if program.hbm_bytes or program.hbm_inits or program.hbm_pieces:
+        return True
+    dma = {BY_MNEMONIC[m].opcode for m in ("dmald", "dmast") if m in BY_MNEMONIC}
+    return any((int(w) & 0xFF) in dma for r in program.regions for w in r.code) if dma else False
+
+
+def program_machine(program: Program, name: str | None, what: str = "the program") -> Machine:
+    """The machine to run `program` on: `name` (a preset or a .toml file) when given, else the
+    one it was compiled for, else DEFAULT_MACHINE. A compiled program given another machine
+    explicitly is refused: its placement, SRAM budget and figures belong to its own."""
+    from wse_emu.emulator.machine import MachineError, load_machine
+
+    target = compiled_for(program)
+    if name is None:
+        if target is None:
+            return load_machine(DEFAULT_MACHINE)
+        try:
+            return load_machine(target)
+        except MachineError:
+            raise LoadError(f"{what} was compiled for machine '{target}', which is not a "
+                            f"preset: pass --machine with its .toml file") from None
+    machine = load_machine(name)
+    if target is not None and machine.name != target:
+        raise LoadError(f"{what} was compiled for machine '{target}', not '{machine.name}': "
+                        f"drop --machine, or recompile with --machine {machine.name}")
+    return machine
+
+
+def fit_problems(program: Program, m: Machine) -> list[str]:
+    """What of the program does not fit machine `m` (fabric, colors, SRAM, HBM), in words;
+    empty when it fits. The cheap checks of `load`, for describing a program."""
+    from wse_emu.isa.binfmt import requirements
+
+    need = requirements(program)
+    out = []
+    if need["width"] > m.width or need["height"] > m.height:
+        out.append(f"needs a {need['width']} x {need['height']} fabric, the machine has "
+                   f"{m.width} x {m.height}")
+    if need["colors"] > m.colors:
+        out.append(f"uses {need['colors']} colors, the machine has {m.colors}")
+    if need["sram_bytes"] > m.sram_bytes:
+        out.append(f"a PE needs {need['sram_bytes']:,} bytes of SRAM, the machine's have "
+                   f"{m.sram_bytes:,}")
+    if need["hbm_bytes"] > getattr(m, "hbm_bytes", 0):
+        out.append(f"needs {need['hbm_bytes']:,} bytes of HBM, the machine has "
+                   f"{getattr(m, 'hbm_bytes', 0) or 'none'}")
+    return out
+
+
+def is_shape_only(program: Program) -> bool:
+    """A compiled model built from config.json alone (`compile --shape-only`): it has no
+    weights, so only a timing-only run means anything."""
+    info = program.meta.get("compiler")
+    if not isinstance(info, dict):
+        return False
+    if "shape_only" in info:
+        return bool(info["shape_only"])
+    # weights are tensors stored by reference to the checkpoint (small tables such as the
+    # default positions are inline): none, and no HBM init, means a shape-only compile
+    return not any(t.data is None for t in program.tensors) and not program.hbm_inits
+
+
+def check_runnable(program: Program, timing_only: bool, what: str = "the program") -> None:
+    """LoadError before a functional run of a program that has no weights to compute with."""
+    if not timing_only and is_shape_only(program):
+        raise LoadError(f"{what} was compiled with --shape-only (no weights): its values would "
+                        f"be zeros; run it with --timing-only for its cycles")
 
 
 def _load(program: Program, machine: Machine, base_dir: str | None,
@@ -512,11 +595,21 @@ def _init_data(loaded: Loaded) -> None:
             pes, _, _ = _tile_pes(loaded, d.tilemap)
             if (loaded.sram_base[pes] < 0).all():
                 continue  # no PE that keeps SRAM needs this tensor: do not even read it
-        try:
-            values, tag = tensor_array(tensors[d.tensor], loaded.base_dir)
-        except TensorError as e:
-            raise LoadError(str(e)) from None
+        values, tag = _tensor_values(tensors[d.tensor], loaded.base_dir)
         _write_tiles(loaded, d.tilemap, values, tag, f"tensor '{d.tensor}'")
+
+
+def _tensor_values(t, base_dir):
+    """tensor_array, with a weights file that changed since the compile (cut short, say: NumPy's
+    memory map then fails) as one LoadError line."""
+    try:
+        return tensor_array(t, base_dir)
+    except TensorError as e:
+        raise LoadError(str(e)) from None
+    except (ValueError, OSError) as e:
+        where = t.file or t.name
+        raise LoadError(f"{where}: cannot read tensor '{t.key or t.name}' ({e}): the file is "
+                        f"shorter or other than when the program was compiled") from None
 
 
 HBM_CHUNK = 1 << 24  # elements converted at a time when filling HBM (bounds temporary memory)
@@ -571,10 +664,7 @@ def _init_hbm(loaded: Loaded) -> None:
         return
     tensors = {t.name: t for t in loaded.program.tensors}
     for init in loaded.program.hbm_inits:
-        try:
-            values, tag = tensor_array(tensors[init.tensor], loaded.base_dir)
-        except TensorError as e:
-            raise LoadError(str(e)) from None
+        values, tag = _tensor_values(tensors[init.tensor], loaded.base_dir)
         _fill_hbm(loaded.hbm, init, values, tag)
 
 
@@ -602,19 +692,49 @@ def symbol(loaded: Loaded, name: str, kind: str):
 def write_input(loaded: Loaded, name: str, values: np.ndarray) -> None:
     """Scatter a host array into every piece of input symbol `name`."""
     s = symbol(loaded, name, "input")
-    values = np.asarray(values)
-    if values.dtype.kind not in "biuf":
-        raise LoadError(f"--input {name}: values have dtype {values.dtype}, expected numbers")
-    if tuple(values.shape) != tuple(s.shape):
-        raise LoadError(f"input {name!r} must have shape {tuple(s.shape)}, got {values.shape}")
+    values = check_input_values(loaded.program, s, np.asarray(values))
     tag = "<i4" if s.dtype == "i32" else "<f4"
-    values = values.astype(np.int32 if s.dtype == "i32" else np.float32)
     for piece in s.pieces:
         _write_tiles(loaded, piece, values, tag, f"input '{name}'")
     hp = hbm_piece(loaded.program, name)
     if hp is not None and loaded.hbm.size:
         raw = _storage_bytes(values.reshape(-1), tag, hp.dtype)
         loaded.hbm[hp.addr:hp.addr + raw.size] = raw
+
+
+# host dtypes an input of each storage dtype takes: the same kind, never narrowed or widened
+# silently (a bool mask, int64 counts or float16 values given for an f32 input are mistakes
+# more often than not); integer ids of any width are checked against the int32 range
+_ACCEPTED = {"f32": ("float32",), "bf16": ("float32",), "f16": ("float16", "float32"),
+             "i32": ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")}
+
+
+def check_input_values(program: Program, s, values: np.ndarray) -> np.ndarray:
+    """The values of input symbol `s` as the host array to scatter (int32 or float32), or
+    LoadError naming the input: wrong dtype, wrong shape, a token id past the vocabulary, a
+    position past the KV cache."""
+    name = s.name
+    if tuple(values.shape) != tuple(s.shape):
+        raise LoadError(f"input {name!r} must have shape {tuple(s.shape)}, got {values.shape}")
+    if values.dtype.name not in _ACCEPTED[s.dtype]:
+        hint = " (token ids and positions are integers)" if s.dtype == "i32" else \
+            f" (convert it with .astype(np.{_ACCEPTED[s.dtype][0]}))"
+        raise LoadError(f"input {name!r} is {s.dtype}, but the values given are "
+                        f"{values.dtype.name}{hint}")
+    if s.dtype != "i32":
+        return values.astype(np.float32)
+    info = program.meta.get("compiler")
+    limits = {}
+    if isinstance(info, dict):
+        limits = {"input_ids": ("token id", info.get("vocab"), "the vocabulary"),
+                  "position_ids": ("position", info.get("max_context"), "the KV cache")}
+    what, n, of = limits.get(name, ("value", None, None))
+    lo, hi = (0, int(n) - 1) if isinstance(n, int) else (-2**31, 2**31 - 1)
+    if values.size and (int(values.min()) < lo or int(values.max()) > hi):
+        bad = int(values.min()) if int(values.min()) < lo else int(values.max())
+        raise LoadError(f"input {name!r}: {what} {bad} is outside {of or 'int32'} "
+                        f"({lo}..{hi})")
+    return values.astype(np.int32)
 
 
 def check_input_names(program: Program, names) -> None:

@@ -43,7 +43,9 @@ def blocked_lines(loaded: Loaded, result: RunResult, cap: int = BLOCKED_CAP) -> 
         elif st == ST_WAIT_BP:
             what = f"blocked by backpressure: a receiver on color {color} has not consumed"
         elif result.outcome == RUN_MAX_CYCLES:
-            what = f"still running at cycle {int(result.clock[i])}"
+            # a PE may have run ahead of the limit through local instructions: its own clock
+            # is not the run's, so say only that it had not halted by then
+            what = f"still running at --max-cycles {result.cycles}"
         lines.append(f"{pe_name(loaded, i)} pc {int(result.pc[i])} "
                      f"`{instr_text(loaded, i, int(result.pc[i]))}`: {what}")
     if len(waiting) > cap:
@@ -145,11 +147,15 @@ def hbm_summary(loaded: Loaded, result: RunResult) -> dict:
 def text(d: dict) -> str:
     pc = d["pe_cycles"]
     fab = d["fabric"]
+    # busy / cycles of a run that did not halt covers only the cycles before it stopped: a
+    # deadlock's PEs may all have been busy up to the cycle where all of them block forever
+    until = {"deadlock": " until the deadlock", "max-cycles": " until --max-cycles",
+             "fault": " until the fault"}.get(d["status"], "")
     lines = [
         f"program   {d['program']} on {d['machine']}: {d['status']}"
         + (" (timing-only: no values computed)" if d.get("mode") == "timing-only" else ""),
         f"cycles    {d['cycles']:,}  ({d['seconds'] * 1e6:.3f} us emulated)",
-        f"PEs       {d['pes']:,} ({d['pes_active']:,} active), mean utilisation "
+        f"PEs       {d['pes']:,} ({d['pes_active']:,} active), mean utilisation{until} "
         f"{pc['mean_utilisation'] * 100:.1f}%",
         f"PE cycles busy {pc['busy']:,}, waiting for wavelets {pc['recv_stall']:,}, "
         f"backpressure {pc['backpressure_stall']:,}",
@@ -173,7 +179,15 @@ def text(d: dict) -> str:
 
 
 def write_trace(path: str, loaded: Loaded, result: RunResult) -> int:
-    """Chrome / Perfetto trace JSON: one thread per PE, one slice per tensor-op chunk."""
+    """Write trace_json to `path` (atomically); the number of events."""
+    data, n = trace_json(loaded, result)
+    atomic_write(path, data)
+    return n
+
+
+def trace_json(loaded: Loaded, result: RunResult) -> tuple[bytes, int]:
+    """Chrome / Perfetto trace JSON: one thread per PE, one slice per tensor-op chunk; the
+    bytes and the number of events."""
     us_per_cycle = 1e6 / loaded.machine.clock_hz
     events = [{"ph": "M", "name": "process_name", "pid": 0, "args": {"name": loaded.program.name}}]
     named = set()
@@ -189,36 +203,87 @@ def write_trace(path: str, loaded: Loaded, result: RunResult) -> int:
                                 "instr": instr_text(loaded, pe, pc)}})
     doc = {"traceEvents": events, "displayTimeUnit": "ns",
            "otherData": {"machine": loaded.machine.name, "cycles": int(result.cycles)}}
-    atomic_write(path, json.dumps(doc).encode())
-    return len(events)
+    return json.dumps(doc).encode(), len(events)
 
 
-def plot_utilisation(path: str, loaded: Loaded, result: RunResult) -> None:
-    """PNG: PE busy fraction and outgoing-link utilisation over the mesh."""
+def plot_utilisation(path: str, loaded: Loaded, result: RunResult) -> str | None:
+    """Write utilisation_png to `path` (atomically); its note for the user, or None."""
+    data, note = utilisation_png(loaded, result)
+    atomic_write(path, data)
+    return note
+
+
+def utilisation_png(loaded: Loaded, result: RunResult) -> tuple[bytes, str | None]:
+    """PNG of where the run's time went, and a note for the user (or None).
+
+    Mesh programs: the PE busy share and the busiest outgoing link of each router over the
+    mesh, both on a fixed 0-100 % scale (an auto-ranged scale would paint 98.74 % as idle
+    beside 98.77 %). Programs on an HBM machine, whose cores form one row: per core the
+    shares of the run busy, waiting for DMA and waiting for wavelets, and per HBM channel its
+    busy share (the fabric maps say little there)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cycles = max(result.cycles, 1)
-    w, h = loaded.grid_w, loaded.grid_h
-    busy = np.full((h, w), np.nan)
-    busy[loaded.pe_y, loaded.pe_x] = result.busy / cycles
-    links = result.link_wavelets.reshape(h, w, N_PORTS)[:, :, :4].sum(axis=2) / cycles
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
-    for ax, data, title in ((axes[0], busy, "PE busy fraction"),
-                            (axes[1], links, "wavelets / cycle leaving each router")):
-        im = ax.imshow(data, cmap="viridis", interpolation="nearest", origin="upper")
-        ax.set_title(title)
-        ax.set_xlabel("x (column)")
-        ax.set_ylabel("y (row)")
-        fig.colorbar(im, ax=ax, shrink=0.8)
-    fig.suptitle(f"{loaded.program.name} on {loaded.machine.name}: {result.cycles:,} cycles")
+    cycles = max(int(result.cycles), 1)
+    title = (f"{loaded.program.name} on {loaded.machine.name}: {result.cycles:,} cycles; "
+             f"shares of the whole run")
+    if loaded.machine.hbm_bytes:
+        fig = _plot_hbm(plt, loaded, result, cycles)
+        note = None
+    else:
+        w, h = loaded.grid_w, loaded.grid_h
+        busy = np.full((h, w), np.nan)
+        busy[loaded.pe_y, loaded.pe_x] = 100.0 * result.busy / cycles
+        # a link carries at most one wavelet a cycle: its share of the run, per router the
+        # busiest of its four outgoing links
+        links = 100.0 * result.link_wavelets.reshape(h, w, N_PORTS)[:, :, :4].max(axis=2) / cycles
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
+        for ax, data, label in ((axes[0], busy, "PE busy, % of the run"),
+                                (axes[1], links, "busiest outgoing link, % of cycles")):
+            im = ax.imshow(data, cmap="viridis", interpolation="nearest", origin="upper",
+                           vmin=0.0, vmax=100.0)
+            ax.set_title(label)
+            ax.set_xlabel("x (column)")
+            ax.set_ylabel("y (row)")
+            fig.colorbar(im, ax=ax, shrink=0.8, label="% (fixed scale 0-100)")
+        note = None
+        if h * w > 1 and min(h, w) == 1:
+            note = "the program is one row or column of PEs: the maps are a strip"
+    fig.suptitle(title)
     fig.tight_layout()
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=110)
     plt.close(fig)
-    atomic_write(path, png.getvalue())
+    return png.getvalue(), note
+
+
+def _plot_hbm(plt, loaded: Loaded, result: RunResult, cycles: int):
+    """Bars per core (busy / waiting for DMA / waiting for wavelets) and per HBM channel."""
+    n = loaded.n_pes
+    order = np.lexsort((loaded.pe_x, loaded.pe_y))
+    parts = [("busy", result.busy), ("waiting for DMA", result.dma_stall),
+             ("waiting for wavelets", result.recv_stall)]
+    fig, axes = plt.subplots(2, 1, figsize=(11, 6.4))
+    bottom = np.zeros(n)
+    for label, values in parts:
+        share = 100.0 * np.minimum(np.asarray(values, dtype=np.float64)[order], cycles) / cycles
+        axes[0].bar(np.arange(n), share, bottom=bottom, label=label, width=1.0)
+        bottom += share
+    axes[0].set_ylim(0, 100)
+    axes[0].set_xlabel("core (in row order)")
+    axes[0].set_ylabel("% of the run")
+    axes[0].legend(loc="upper right", fontsize=8)
+    axes[0].set_title("each core's cycles")
+    ch = np.asarray(result.hbm_channel_busy, dtype=np.float64)
+    axes[1].bar(np.arange(len(ch)), 100.0 * np.minimum(ch, cycles) / cycles, width=0.8)
+    axes[1].set_ylim(0, 100)
+    axes[1].set_xlabel("HBM channel")
+    axes[1].set_ylabel("% of the run busy")
+    moved = (int(result.hbm_read_bytes) + int(result.hbm_write_bytes)) / 1e6
+    axes[1].set_title(f"HBM channels: {moved:,.3f} MB moved")
+    return fig
 
 
 EXIT_CODES = {RUN_HALTED: 0, RUN_DEADLOCK: 1, RUN_MAX_CYCLES: 1, RUN_FAULT: 1}

@@ -27,9 +27,21 @@ DTYPE_NAMES = {"f32": "f32", "fp32": "f32", "f16": "f16", "fp16": "f16", "bf16":
 DUMPS = ("graph", "stages", "placement", "routes")
 
 
-def load_graph(source, shape_only: bool = False, max_context: int | None = None) -> Graph:
-    """The layer graph of an HF model folder or a *.graph.json file."""
+def model_source(source) -> Path:
+    """The model a user names: an HF folder, its config.json (taken as the folder, as `bench`
+    does) or a *.graph.json. CompileError for any other file (a model.safetensors, say)."""
     path = Path(source)
+    if path.is_file() and path.name == "config.json":
+        return path.parent
+    if path.is_file() and not path.name.endswith(".json"):
+        raise CompileError(f"{path}: give the model's folder (the one holding config.json and "
+                           f"model.safetensors) or a *.graph.json, not this file")
+    return path
+
+
+def load_graph(source, shape_only: bool = False, max_context: int | None = None) -> Graph:
+    """The layer graph of an HF model folder (or its config.json) or a *.graph.json file."""
+    path = model_source(source)
     if path.is_dir():
         from wse_emu.isa.frontends.hf import FrontendError, load_hf
         try:
@@ -43,6 +55,9 @@ def load_graph(source, shape_only: bool = False, max_context: int | None = None)
                            f"a *.graph.json)") from None
     except GraphError as e:
         raise CompileError(f"{path}: {e}") from None
+    except (UnicodeDecodeError, IsADirectoryError):
+        raise CompileError(f"{path}: not a *.graph.json (expected an HF model folder or a "
+                           f"*.graph.json)") from None
     return graph
 
 

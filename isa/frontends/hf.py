@@ -114,13 +114,15 @@ class _Tensors:
             files = sorted({folder / name for name in weight_map.values()})
         else:
             raise FrontendError(f"{folder}: no model.safetensors (or model.safetensors.index"
-                                f".json); pass shape_only=True to build from config.json alone")
+                                f".json); compile with --shape-only (Python: shape_only=True) to build "
+                                f"from config.json alone")
         self.index = {}
         for path in files:
             try:
                 header, _ = safetensors_index(path)
             except TensorError as e:
                 raise FrontendError(str(e)) from None
+            _check_complete(path, header, _)
             for key, info in header.items():
                 if key != "__metadata__":
                     self.index[key] = (path, info.get("dtype"), tuple(info.get("shape", ())))
@@ -159,6 +161,54 @@ class _Tensors:
                                 f"{', '.join(_STORED_DTYPES)}")
         return WeightRef(logical, _STORED_DTYPES[st_dtype], str(path.resolve()), full_key,
                          transpose, rows)
+
+
+def _check_complete(path: Path, header: dict, base: int) -> None:
+    """FrontendError now, at compile time, for a safetensors file shorter than its header
+    says (a download cut short): every tensor's bytes must lie inside the file."""
+    try:
+        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+    except (KeyError, TypeError, ValueError, IndexError):
+        raise FrontendError(f"{path}: not a safetensors file (a tensor without data_offsets)") \
+            from None
+    need, size = base + max(ends, default=0), path.stat().st_size
+    if size < need:
+        raise FrontendError(f"{path}: truncated: {size:,} bytes, its header describes "
+                            f"{need:,} (download it again)")
+
+
+_CHECKPOINT_DTYPES = {"F32": "fp32", "F16": "fp16", "BF16": "bf16", "float32": "fp32",
+                      "float16": "fp16", "bfloat16": "bf16"}
+
+
+def checkpoint_dtype(model_dir, shape_only: bool = False) -> str | None:
+    """The storage dtype a model's checkpoint uses ("fp32", "fp16", "bf16"), the default of
+    `compile --dtype`: that of its floating-point matrices (the most bytes of them), or with
+    shape_only config.json's torch_dtype (dtype); None when unknown (not an HF folder)."""
+    folder = Path(model_dir)
+    if not (folder / "config.json").is_file():
+        return None
+    if not shape_only:
+        try:
+            tensors = _Tensors(folder, "f32", False)
+        except FrontendError:
+            tensors = None  # the compile says what is wrong
+        if tensors is not None and tensors.index:
+            size: dict[str, int] = {}
+            for _, st, shape in tensors.index.values():
+                if st in _CHECKPOINT_DTYPES:
+                    n = 1
+                    for d in shape:
+                        n *= int(d)
+                    size[_CHECKPOINT_DTYPES[st]] = size.get(_CHECKPOINT_DTYPES[st], 0) + n
+            if size:
+                return max(size, key=size.get)
+    try:
+        raw = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    value = raw.get("torch_dtype", raw.get("dtype")) if isinstance(raw, dict) else None
+    return _CHECKPOINT_DTYPES.get(value) if isinstance(value, str) else None
 
 
 def load_hf(model_dir, shape_only: bool = False, max_context: int | None = None) -> Graph:

@@ -163,14 +163,56 @@ def test_the_table_has_a_row_a_case_with_its_floors(bench):
 def test_a_model_the_machine_cannot_hold_is_a_row_not_a_crash(cli, tmp_path):
     big = dict(GPT2, n_embd=256, n_layer=4, vocab_size=1024)  # 473 PEs; tiny has 64
     (tmp_path / "gpt2-tiny.json").write_text(json.dumps(big))
-    out = cli("bench", "--models", "gpt2-tiny.json", "--machines", "tiny", "-o", "r",
-              cwd=tmp_path)
+    (tmp_path / "small.json").write_text(json.dumps(GPT2))
+    out = cli("bench", "--models", "gpt2-tiny.json,small.json", "--machines", "tiny", "-o",
+              "r", cwd=tmp_path)
     assert out.code == 0 and "Traceback" not in out.stderr, out.stderr
-    (case,) = json.loads((tmp_path / "r" / "bench.json").read_text())["cases"]
+    case, ok = json.loads((tmp_path / "r" / "bench.json").read_text())["cases"]
     assert case["status"] == "not compiled" and "machine 'tiny'" in case["reason"]
+    assert ok["status"] == "ok"
     assert "\n" not in case["reason"]
     assert "| gpt2-tiny | tiny | - | - | not compiled [1] |" in out.stdout
     assert "[1] gpt2-tiny on tiny: max_context 16: " in out.stdout
+
+
+def test_bench_where_no_case_ran_writes_nothing_and_fails(cli, tmp_path):
+    big = dict(GPT2, n_embd=256, n_layer=4, vocab_size=1024)
+    (tmp_path / "gpt2-tiny.json").write_text(json.dumps(big))
+    out = cli("bench", "--models", "gpt2-tiny.json", "--machines", "tiny", "-o", "r",
+              cwd=tmp_path)
+    assert out.code == 1 and "Traceback" not in out.stderr, out.stderr
+    assert not (tmp_path / "r").exists()
+    assert "not compiled [1]" in out.stdout  # the table says why
+    assert out.stderr.splitlines()[-1] == ("wse-emu: no case ran (the table says why), so "
+                                           "nothing was written to r")
+
+
+def test_bench_errors_name_the_users_config_not_a_temporary_folder(cli, tmp_path):
+    (tmp_path / "weird.json").write_text(json.dumps(dict(GPT2, n_head=5)))  # 64 % 5 != 0
+    out = cli("bench", "--models", "weird.json", "--machines", "tiny", "-o", "r",
+              cwd=tmp_path)
+    assert "wse-emu-bench-" not in out.stdout + out.stderr, out.stdout + out.stderr
+    assert "weird.json" in out.stdout + out.stderr
+
+
+def test_bench_leaves_the_peak_memory_mark_alone(monkeypatch, tmp_path):
+    """Writing to /proc/self/clear_refs resets the kernel's VmHWM, which outside tools (and
+    `time -v`) read as the process's peak: bench must never do it."""
+    import pathlib
+
+    from wse_emu.emulator import benchsuite
+
+    written = []
+    original = pathlib.Path.write_text
+
+    def spy(self, *a, **k):
+        written.append(str(self))
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", spy)
+    (tmp_path / "m.json").write_text(json.dumps(GPT2))
+    benchsuite.run_suite([str(tmp_path / "m.json")], ["tiny"])
+    assert not [w for w in written if "clear_refs" in w]
 
 
 @pytest.mark.parametrize("args, fragment", [
