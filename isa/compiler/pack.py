@@ -68,6 +68,8 @@ class CompileReport:
     target: str = "mesh"  # "mesh" (weights resident in SRAM) | "hbm" (streamed from HBM)
     hbm_bytes: int = 0  # HBM the program declares (weights, KV caches, activations)
     weight_hbm_bytes: int = 0  # of which weight matrices, read once a token
+    predicted: dict = field(default_factory=dict)  # part ("embed", "layer i", "head") -> cycles
+    grid: int = 0  # the wafer mapping's grid side n (a layer on n x n PEs); 0: stage chain
 
     def layers(self) -> dict:
         """Per layer: the rectangles (x, y, w, h) of its stages."""
@@ -90,6 +92,12 @@ class CompileReport:
                         f"max_context {self.max_context}")
             lines.append(f"HBM: {self.hbm_bytes / 1e9:.3f} GB declared, of which weight "
                          f"matrices {self.weight_hbm_bytes / 1e9:.3f} GB (read once a token)")
+        if self.predicted:
+            total = sum(self.predicted.values())
+            lines.append(f"predicted cycles a decode step: {total} "
+                         + (f"(layers on {self.grid} x {self.grid} grids) " if self.grid else "")
+                         + "; by part: " + ", ".join(f"{k} {v}"
+                                                     for k, v in self.predicted.items()))
         lines.append(f"{'stage':<34} {'kind':<7} {'at (x, y)':<12} {'w x h':<9} {'PEs':>6} "
                      f"{'SRAM/PE':>8}")
         for s in self.stages:

@@ -97,6 +97,15 @@ def compile_model(source, machine, dtype: str = "f32", max_context: int | None =
         if "routes" in dump:
             print(f"{len(program.routes)} route rules (the grid barrier)", file=out)
         return program, report
+    if positions == 1:
+        # the wafer-wide decode mapping (isa/compiler/wafer.py); other graphs: the stage chain
+        from wse_emu.isa.compiler.decoder import NotADecoder
+        from wse_emu.isa.compiler.wafer import compile_decode
+        name = Path(str(source)).name.replace(".graph.json", "") or "model"
+        try:
+            return compile_decode(plan, machine, dtype, shape_only, base_dir, name, dump, out)
+        except NotADecoder:
+            pass
     # placement: a rectangle and a tiling per stage, checked against SRAM and the fabric
     placed = place_fastest(plan, machine, dtype, pad_last=shape_only)
     if "placement" in dump:
