@@ -36,10 +36,31 @@ class LineKind:
     length: int
     colors: tuple  # (lo0, lo1, hi0, hi1, bcast)
     pos_reg: str
+    flags: tuple = ()  # (root, left, end, odd) registers set by setup_flags, or () to compare
 
     @property
     def root(self) -> int:
         return (self.length - 1) // 2
+
+
+def setup_flags(rb, line: LineKind) -> None:
+    """Once at a region's start: the line's role flags from its position register, so that
+    each allreduce dispatches with one branch a flag (root, left side, end, odd)."""
+    if not line.flags or line.length == 1:
+        return
+    root, left, end, odd = line.flags
+    rp, m, L = line.pos_reg, line.root, line.length
+    rb.li(SCRATCH, m)
+    rb.slt(left, rp, SCRATCH)
+    rb.slt(root, SCRATCH, rp)  # right side, for now
+    rb.add(root, root, left)
+    rb.li(SCRATCH, 1)
+    rb.sub(root, SCRATCH, root)  # neither side
+    rb.slt(end, rp, SCRATCH)  # position 0
+    rb.li(SCRATCH, L - 2)
+    rb.slt(SCRATCH, SCRATCH, rp)  # position L - 1
+    rb.add(end, end, SCRATCH)
+    rb.andi(odd, rp, 1)
 
 
 def allreduce(rb, labels, line: LineKind, buf, n: int, op: str = "add",
@@ -56,10 +77,16 @@ def allreduce(rb, labels, line: LineKind, buf, n: int, op: str = "add",
     left, root, done, recv = (labels("ar_left"), labels("ar_root"), labels("ar_done"),
                               labels("ar_recv"))
     rb.dmem("d13", "f32", buf, n)
-    rb.li(SCRATCH, m)
-    if m > 0:
-        rb.blt(rp, SCRATCH, left)
-    rb.beq(rp, SCRATCH, root)
+    flags = line.flags
+    if flags:
+        rb.bne(flags[0], ZR, root)
+        if m > 0:
+            rb.bne(flags[1], ZR, left)
+    else:
+        rb.li(SCRATCH, m)
+        if m > 0:
+            rb.blt(rp, SCRATCH, left)
+        rb.beq(rp, SCRATCH, root)
 
     def relay(cin, cout):
         rb.dfin("d14", "f32", cin, n)
@@ -72,8 +99,11 @@ def allreduce(rb, labels, line: LineKind, buf, n: int, op: str = "add",
 
     def by_parity(even, odd):
         odd_l, joined = labels("ar_odd"), labels("ar_par")
-        rb.andi(SCRATCH, rp, 1)
-        rb.bne(SCRATCH, ZR, odd_l)
+        if flags:
+            rb.bne(flags[3], ZR, odd_l)
+        else:
+            rb.andi(SCRATCH, rp, 1)
+            rb.bne(SCRATCH, ZR, odd_l)
         even()
         rb.jmp(joined)
         rb.label(odd_l)
@@ -82,8 +112,11 @@ def allreduce(rb, labels, line: LineKind, buf, n: int, op: str = "add",
 
     # the right side (m < q <= L - 1) sends toward the root: q sends on hi[q % 2]
     right_end = labels("ar_rend")
-    rb.li(SCRATCH, L - 1)
-    rb.beq(rp, SCRATCH, right_end)
+    if flags:
+        rb.bne(flags[2], ZR, right_end)
+    else:
+        rb.li(SCRATCH, L - 1)
+        rb.beq(rp, SCRATCH, right_end)
     by_parity(lambda: relay(hi[1], hi[0]), lambda: relay(hi[0], hi[1]))
     rb.jmp(recv)
     rb.label(right_end)
@@ -92,7 +125,10 @@ def allreduce(rb, labels, line: LineKind, buf, n: int, op: str = "add",
     if m > 0:  # the left side (0 <= q < m): q sends on lo[q % 2]
         rb.label(left)
         left_end = labels("ar_lend")
-        rb.beq(rp, ZR, left_end)
+        if flags:
+            rb.bne(flags[2], ZR, left_end)
+        else:
+            rb.beq(rp, ZR, left_end)
         by_parity(lambda: relay(lo[1], lo[0]), lambda: relay(lo[0], lo[1]))
         rb.jmp(recv)
         rb.label(left_end)
@@ -163,7 +199,7 @@ def cycles(machine, L: int, n: int, broadcast: bool = True) -> int:
                             machine.scalar_cycles)
     m = (L - 1) // 2
     side = max(m, L - 1 - m)
-    dispatch = 9 * sc  # compares, the parity branch and the descriptors before a relay op
+    dispatch = 6 * sc  # the flag branches and the descriptors before a relay op
     relay = 1 + 2 * ramp + hop + issue
     t = dispatch + issue + side * relay + n  # the stream's tail reaches the root
     t += 2 * (issue + sc)  # the root's second add and its dfin

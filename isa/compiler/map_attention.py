@@ -18,7 +18,7 @@ A step:
      never branches on the position (a timing-only run needs no SRAM here).
   3. scores (S x group) = K cache (S x D) q (D x group), + mask; allreduce along the KV head's
      segment of the row (the other dims of the head).
-  4. max: fold the slots pairwise to one per head, allreduce (max) along the column (all
+  4. max: each head's over the PE's slots, allreduce (max) along the column (all
      positions); p = exp(scores - max).
   5. [o; l] ((D + 1) x group) = V cache p; allreduce along the column; o / l.
 The cost of a step is set by S = ceil(max_context / n) slots a PE, not by the position.
@@ -40,9 +40,9 @@ def cache_bytes(geo, kvbytes: int) -> int:
 
 
 def buffer_bytes(geo) -> int:
-    """fp32 scratch of the attention on a PE: scores, their fold, masks, RoPE, o, l."""
+    """fp32 scratch of the attention on a PE: scores, maxima, masks, RoPE, o, l."""
     S, g, D = geo.S, geo.group, geo.D
-    return 4 * (S * g + (S // 2 + 1) * g + g + 3 * S + 2 * geo.h2 + 2 * (g + 1) * geo.h2
+    return 4 * (S * g + g + g + 3 * S + 2 * geo.h2 + 2 * (g + 1) * geo.h2
                 + (D + 1) * g + geo.Mq + (D + 1) * S)
 
 
@@ -54,7 +54,7 @@ def alloc(ctx, rb) -> None:
     ctx.bufs["kc"] = rb.alloc("kcache", S * D * kvb)
     ctx.bufs["vc"] = rb.alloc("vcache", (D + 1) * S * kvb)
     ctx.bufs["sc"] = rb.alloc("scores", S * g * 4)
-    ctx.bufs["fold"] = rb.alloc("fold", (S // 2 + 1) * g * 4)
+    ctx.bufs["fold"] = rb.alloc("fold", g * 4)
     ctx.bufs["mx"] = rb.alloc("mx", g * 4)
     ctx.bufs["mask"] = rb.alloc("mask", 3 * S * 4)
     ctx.bufs["oe"] = rb.alloc("oe", (D + 1) * g * 4)
@@ -161,28 +161,13 @@ def attend(ctx, layer, qkv) -> None:
     rb.vadd("d3", "d3", "d4")
     ctx.charge("scores", c.mat(S, D, g, kvd, "f32") + c.op("add", S * g) + c.scalar(10))
     ctx.allreduce(ctx.seg, sc, S * g, what="scores allreduce")
-    # 4. the max of each head: fold the slots pairwise, then allreduce (max) along the column
-    length, src, src_stride = S, sc, S
-    fold_stride = S // 2 + 1
-    cyc = 0
-    while length > 1:
-        half = length // 2
-        keep_n = length - half
-        rb.dmem("d1", "f32", fold, keep_n)
-        rb.d2d("d1", g, fold_stride)
-        rb.dmem("d2", "f32", src, keep_n)
-        rb.d2d("d2", g, src_stride)
-        rb.dmem("d3", "f32", src + 4 * half, keep_n)
-        rb.d2d("d3", g, src_stride)
-        rb.vmax("d1", "d2", "d3")
-        cyc += c.op("max", keep_n * g) + c.scalar(6)
-        length, src, src_stride = keep_n, fold, fold_stride
-    rb.dmem("d1", "f32", mx, 1)
-    rb.d2d("d1", g, 1)
-    rb.dmem("d2", "f32", src, 1)
-    rb.d2d("d2", g, src_stride)
-    rb.vmov("d1", "d2")
-    ctx.charge("softmax", cyc + c.op("move", g) + c.scalar(4))
+    # 4. the max of each head over this PE's slots, then allreduce (max) along the column
+    for h in range(g):
+        rb.dmem("d1", "f32", sc + 4 * h * S, S)
+        rb.rmax("f1", "d1")
+        rb.dmem("d2", "f32", mx + 4 * h, 1)
+        rb.vfill("d2", "f1")
+    ctx.charge("softmax", g * (c.op("max", S) + c.op("move", 1) + c.scalar(2)))
     ctx.allreduce(ctx.col, mx, g, op="max", what="max allreduce")
     rb.dmem("d1", "f32", sc, S)
     rb.d2d("d1", g, S)
@@ -202,15 +187,23 @@ def attend(ctx, layer, qkv) -> None:
     rb.mm("d3", "d1", "d2")
     ctx.charge("weighted values", c.mat(D + 1, S, g, kvd, "f32") + c.scalar(6))
     ctx.allreduce(ctx.col, oe, (D + 1) * g, what="values allreduce")
-    rb.fli("f6", 1.0)
-    for h in range(g):
-        mem_to_scalar(rb, "f1", oe + 4 * (h * (D + 1) + D))
-        rb.fdiv("f2", "f6", "f1")
-        rb.dmem("d1", "f32", ao + 4 * h * D, D)
-        rb.dmem("d2", "f32", oe + 4 * h * (D + 1), D)
-        rb.vmuls("d1", "d2", "f2")
-    ctx.charge("softmax", g * (c.op("add", 1) + c.special(1) + c.op("mul", D) + c.scalar(4))
-               + c.scalar(1))
+    # o / l: 1 / l as (1 / sqrt(l))^2 for every head at once
+    lsum = fold  # scratch: g values
+    rb.dmem("d1", "f32", oe + 4 * D, g)
+    rb.dstride("d1", D + 1)  # l of every head
+    rb.dmem("d2", "f32", lsum, g)
+    rb.vrsqrt("d2", "d1")
+    rb.vmul("d2", "d2", "d2")
+    rb.dmem("d3", "f32", ao, D)
+    rb.d2d("d3", g, D)
+    rb.dmem("d4", "f32", oe, D)
+    rb.d2d("d4", g, D + 1)
+    rb.dmem("d5", "f32", lsum, D)
+    rb.dstride("d5", 0)
+    rb.d2d("d5", g, 1)
+    rb.vmul("d3", "d4", "d5")
+    ctx.charge("softmax", c.op("special", g) + c.op("mul", g) + c.op("mul", D * g)
+               + c.scalar(10))
 
 
 def _outer_add(ctx, dc, da, db, rows: int, cols: int, kvd: str) -> None:

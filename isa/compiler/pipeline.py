@@ -48,7 +48,8 @@ def load_graph(source, shape_only: bool = False, max_context: int | None = None)
 
 def compile_model(source, machine, dtype: str = "f32", max_context: int | None = None,
                   shape_only: bool = False, positions: int | None = None,
-                  dump: tuple[str, ...] = (), dump_to=None, base_dir: str | None = None) -> tuple:
+                  dump: tuple[str, ...] = (), dump_to=None, base_dir: str | None = None,
+                  grid: int | None = None) -> tuple:
     """Compile `source` for `machine` (an emulator.machine.Machine or any object with name,
     width, height, colors and sram_bytes). Returns (Program, CompileReport); CompileError (one
     line) when the model cannot be mapped or does not fit.
@@ -56,7 +57,8 @@ def compile_model(source, machine, dtype: str = "f32", max_context: int | None =
     positions = T, the positions one run processes: default 1 for decoders (one decode step
     a run, the KV cache kept in SRAM between runs) and max_context for encoders (bidirectional
     attention needs the whole sequence in one run). Weight tensors are referenced relative to
-    `base_dir` (the folder the program.bin will be written to) when given."""
+    `base_dir` (the folder the program.bin will be written to) when given. `grid` fixes the
+    side n of the n x n grid of a decoder's layers (default: the cost model's choice)."""
     if not all(hasattr(machine, k) for k in ("name", "width", "height", "colors", "sram_bytes")):
         raise CompileError(f"machine must be a machine preset object (emulator.machine."
                            f"load_machine), got {machine!r}")
@@ -103,7 +105,8 @@ def compile_model(source, machine, dtype: str = "f32", max_context: int | None =
         from wse_emu.isa.compiler.wafer import compile_decode
         name = Path(str(source)).name.replace(".graph.json", "") or "model"
         try:
-            return compile_decode(plan, machine, dtype, shape_only, base_dir, name, dump, out)
+            return compile_decode(plan, machine, dtype, shape_only, base_dir, name, dump, out,
+                                  grid)
         except NotADecoder:
             pass
     # placement: a rectangle and a tiling per stage, checked against SRAM and the fabric

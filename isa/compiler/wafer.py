@@ -33,7 +33,8 @@ from wse_emu.isa.compiler import map_attention, map_elementwise, map_embedding, 
     map_head
 from wse_emu.isa.compiler.decoder import Decoder, Geometry, extract, geometry, grid_sides
 from wse_emu.isa.compiler.emit import I32, Labels
-from wse_emu.isa.compiler.lines import LineKind, allreduce, cycles as line_cycles, routes
+from wse_emu.isa.compiler.lines import LineKind, allreduce, cycles as line_cycles, routes, \
+    setup_flags
 from wse_emu.isa.compiler.lower import CompileError, Plan
 from wse_emu.isa.compiler.pack import CompileReport, Weights
 from wse_emu.isa.compiler.placement import WEIGHT_BYTES
@@ -159,11 +160,18 @@ def _arrange(dec: Decoder, geo: Geometry, machine, dtype: str, exact: bool) -> M
     return Mapping(dec, geo, items, embed_cols, head, bands)
 
 
-def choose(dec: Decoder, machine, dtype: str, exact: bool) -> Mapping:
-    """The fastest grid side whose layer fits a PE's SRAM and whose grids fit the fabric."""
+def choose(dec: Decoder, machine, dtype: str, exact: bool, grid: int | None = None) -> Mapping:
+    """The fastest grid side whose layer fits a PE's SRAM and whose grids fit the fabric
+    (only `grid` when given)."""
     biases = dec.family == "gpt2"
     best, reasons = None, []
-    for n in grid_sides(dec):
+    sides = grid_sides(dec)
+    if grid is not None:
+        if grid not in sides:
+            raise CompileError(f"grid {grid} does not suit the model's shapes (sides that do: "
+                               f"{', '.join(map(str, sides))})")
+        sides = [grid]
+    for n in sides:
         geo = geometry(dec, n)
         need = _layer_sram(geo, dtype, biases)
         if need > machine.sram_bytes:
@@ -247,7 +255,7 @@ class _Ctx:
         self.geo, self.dtype, self.machine = geo, dtype, machine
         self.cost = Cost(machine)
         self.rope, self.biases = rope, biases
-        self.col = LineKind("column", geo.n, COL, "r14")
+        self.col = LineKind("column", geo.n, COL, "r14", ("r3", "r4", "r5", "r6"))
         self.row = LineKind("row", geo.n, ROW, "r13")
         self.seg = LineKind("row", geo.s, SEG, "r12")
         self.colors = {"mask": MASK, "rope": ROPE}
@@ -343,7 +351,7 @@ class _Emitter:
         c.graph, c.declared = self.mp.dec.plan.graph, self.declared
         return c
 
-    def position_regs(self, rb, it) -> None:
+    def position_regs(self, rb, it, flags: bool = True) -> None:
         n = self.n
         rb.li("r1", it.x0(n))
         rb.sub("r13", "GX", "r1")
@@ -351,6 +359,8 @@ class _Emitter:
         rb.sub("r14", "GY", "r1")
         rb.li("r1", self.geo.s)
         rb.rem("r12", "r13", "r1")
+        if flags:  # the column allreduces (six a layer) dispatch on precomputed flags
+            setup_flags(rb, LineKind("column", n, COL, "r14", ("r3", "r4", "r5", "r6")))
 
     # -- hand-offs ---------------------------------------------------------------------------
 
@@ -455,7 +465,8 @@ class _Emitter:
         params: dict = {}
         map_elementwise.load_norm(ctx, rb, dec.final_norm, params)
         map_head.load(ctx, rb, dec.head.ref, b["w"], vb, K, m)
-        self.position_regs(rb, it)
+        ctx.col = LineKind("column", n, COL, "r14")
+        self.position_regs(rb, it, flags=False)
         self.receiver(ctx, it, k)()
         map_elementwise.norm(ctx, dec.final_norm, b["x"], b["xn"], params)
         rb.dmem("d0", dtype, b["w"], vb)
@@ -618,7 +629,7 @@ def route(pb, mp: Mapping) -> int:
 # the pipeline
 
 def compile_decode(plan: Plan, machine, dtype: str, shape_only: bool, base_dir, name: str,
-                   dump=(), out=None):
+                   dump=(), out=None, grid: int | None = None):
     """The decode mapping of a one-position decoder plan: (Program, CompileReport)."""
     # extract: the plan's layers as named parts (NotADecoder: use the stage chain)
     dec = extract(plan)
@@ -627,7 +638,7 @@ def compile_decode(plan: Plan, machine, dtype: str, shape_only: bool, base_dir, 
         raise NotADecoder(f"machine has {machine.colors} colors, the mapping needs "
                           f"{COLORS_NEEDED}")
     # choose: the grid side n with the lowest predicted cycles that fits SRAM and fabric
-    mp = choose(dec, machine, dtype, exact=not shape_only)
+    mp = choose(dec, machine, dtype, exact=not shape_only, grid=grid)
     if "placement" in dump:
         print(format_mapping(mp), file=out)
     pb = ProgramBuilder(name)
