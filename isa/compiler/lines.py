@@ -190,19 +190,18 @@ def routes(add, line: LineKind, x0: int, y0: int, w: int, h: int, broadcast: boo
 
 def cycles(machine, L: int, n: int, broadcast: bool = True) -> int:
     """Cycles of one allreduce on a line of L PEs with n-wavelet blocks, from the moment every
-    PE starts it until the last PE has the result (docs/compiler.md derives it): the longer
-    side's chain (each relay: its dispatch and setup, issue, one hop and two ramps), the
-    root's two adds, the broadcast's flood back over the longer side."""
+    PE starts it until the last PE has the result. Every relay has issued its op before the
+    stream reaches it, so the stream's head advances by one injection, two ramps and a hop a
+    PE (the issue overhead is hidden); the root adds the two streams one after the other
+    (n cycles each: one wavelet a cycle), then floods the sum back over the longer side."""
     if L == 1 or n == 0:
         return 0
     hop, ramp, issue, sc = (machine.hop_latency, machine.ramp_latency, machine.issue_overhead,
                             machine.scalar_cycles)
     m = (L - 1) // 2
     side = max(m, L - 1 - m)
-    dispatch = 6 * sc  # the flag branches and the descriptors before a relay op
-    relay = 1 + 2 * ramp + hop + issue
-    t = dispatch + issue + side * relay + n  # the stream's tail reaches the root
-    t += 2 * (issue + sc)  # the root's second add and its dfin
+    t = 6 * sc + issue + side * (1 + 2 * ramp + hop) + n  # the far side's stream at the root
+    t += sc + issue + n  # the root's second add
     if broadcast:
         t += 2 * sc + issue + 1 + 2 * ramp + side * hop + n + 2 * sc
     return t
