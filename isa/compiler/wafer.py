@@ -206,10 +206,23 @@ def _refusal(dec, machine, dtype, exact, biases) -> str:
         return (f"max_context {dec.max_context} does not fit machine '{machine.name}' "
                 f"({machine.width} x {machine.height} PEs, {machine.sram_bytes} bytes each): "
                 f"max_context {fit} would fit (--max-context {fit})")
-    return (f"the model does not fit machine '{machine.name}' ({machine.width} x "
-            f"{machine.height} PEs, {machine.sram_bytes} bytes each) at any context: its "
-            f"layers need more PEs or SRAM than the wafer has (use 16-bit weights, a bigger "
-            f"machine, or the model's layers over several wafers)")
+    sides = [n for n in grid_sides(dec)
+             if _layer_sram(geometry(dec, n), dtype, biases) <= machine.sram_bytes]
+    if not sides:
+        return (f"no grid of the model's layers fits a PE's {machine.sram_bytes} bytes on machine "
+                f"'{machine.name}' at any context (use 16-bit weights or a machine with more "
+                f"SRAM a PE)")
+    n = sides[0]
+    pes = len(dec.layers) * n * n
+    have = machine.width * machine.height
+    per_wafer = max(1, ((machine.width - 1) // n) * ((machine.height - 1) // n) - 2)
+    weights = sum(m.out * m.ref.shape[-1] for layer in dec.layers
+                  for m in layer.qkv + [layer.o] + layer.mlp1 + [layer.down])
+    return (f"model needs {pes} PEs ({len(dec.layers)} layers on {n} x {n} grids, "
+            f"{weights * WEIGHT_BYTES[dtype] / 1e9:.2f} GB of layer weights; embedding and head "
+            f"more) but machine '{machine.name}' is {machine.width} x {machine.height} ({have} "
+            f"PEs): it would fit {-(-len(dec.layers) // per_wafer)} such wafers, its layers "
+            f"split between them")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -639,8 +652,6 @@ def compile_decode(plan: Plan, machine, dtype: str, shape_only: bool, base_dir, 
                           f"{COLORS_NEEDED}")
     # choose: the grid side n with the lowest predicted cycles that fits SRAM and fabric
     mp = choose(dec, machine, dtype, exact=not shape_only, grid=grid)
-    if "placement" in dump:
-        print(format_mapping(mp), file=out)
     pb = ProgramBuilder(name)
     pb.input("input_ids", "i32", (1,))
     pb.input("position_ids", "i32", (1,))
@@ -659,6 +670,8 @@ def compile_decode(plan: Plan, machine, dtype: str, shape_only: bool, base_dir, 
         else:
             em.head(it, k)
     em.sources()
+    if "placement" in dump:
+        print(format_mapping(mp, em.stages), file=out)
     # pack
     return _pack(pb, mp, em.stages, machine, dtype, name)
 
@@ -697,11 +710,15 @@ def _pack(pb, mp: Mapping, stages: list, machine, dtype: str, name: str):
     return program, report
 
 
-def format_mapping(mp: Mapping) -> str:
+def format_mapping(mp: Mapping, stages: list) -> str:
     g = mp.geo
     lines = [f"grid {g.n} x {g.n} a layer (K = {g.K}, {g.s} columns a KV head, {g.D} head dims "
-             f"a column, {g.S} cache slots a PE), {mp.bands} bands"]
-    for it in mp.items:
-        lines.append(f"  {it.kind:<6} {it.index:>3} band {it.band} slot {it.slot} "
-                     f"({it.slots} slots) hand-off {it.handoff_in}")
+             f"a column, {g.S} cache slots a PE), {mp.bands} bands of {g.n} rows"]
+    hand = {(it.kind, it.index): it.handoff_in for it in mp.items}
+    for k, s in enumerate(stages):
+        x, y, w, h = s["rect"]
+        kind = "layer" if s["kind"] == "layer" else s["kind"]
+        how = hand.get((kind, s["layer"]), "")
+        lines.append(f"  #{k} {s['name']:<30} at ({x}, {y}) {w} x {h}"
+                     + (f", residual in by {how}" if how else ""))
     return "\n".join(lines)
