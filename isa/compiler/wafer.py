@@ -36,7 +36,7 @@ from wse_emu.isa.compiler.emit import I32, Labels
 from wse_emu.isa.compiler.lines import LineKind, allreduce, cycles as line_cycles, routes, \
     setup_flags
 from wse_emu.isa.compiler.lower import CompileError, Plan
-from wse_emu.isa.compiler.pack import CompileReport, Weights
+from wse_emu.isa.compiler.pack import CompileReport, Weights, part_name, with_model
 from wse_emu.isa.compiler.placement import WEIGHT_BYTES
 from wse_emu.isa.compiler.predict import Cost
 from wse_emu.isa.errors import BuildError
@@ -688,6 +688,13 @@ def _pack(pb, mp: Mapping, stages: list, machine, dtype: str, name: str):
         program = pb.build()
     except BuildError as e:
         raise CompileError(f"internal: the generated program is invalid: {e}") from None
+    parts: dict = {}
+    for k, st in enumerate(stages):
+        name = "sources" if st["kind"] == "source" else part_name(st["layer"], len(dec.layers))
+        entry = parts.setdefault(name, [name, st["layer"], [], mp.predicted.get(name, 0)])
+        entry[2].append(f"s{k}.{st['name']}")
+    program = with_model(program, dec.plan.graph.config, "mesh", "wafer", machine, dtype, 1,
+                         list(parts.values()))
     sram = program.regions_sram_bytes()
     worst = max(range(len(sram)), key=lambda i: sram[i])
     if sram[worst] > machine.sram_bytes:
