@@ -237,8 +237,7 @@ def predict(mp: Mapping, machine, dtype: str) -> dict:
     layer = dec.layers[0]
     _layer_body(dry, layer, receive=None, send=None)
     body = dry.total()
-    out = {"embed": map_embedding.cycles(dry.cost, geo.K, sum(m for m, _ in mp.embed_cols)
-                                         + geo.n)}
+    out = {"embed": map_embedding.cycles(dry.cost, geo.K)}
     for it in mp.items:
         if it.kind == "layer":
             hand = dry.cost.send(geo.K, geo.n) + dry.cost.scalar(6)
