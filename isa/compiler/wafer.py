@@ -164,7 +164,7 @@ def choose(dec: Decoder, machine, dtype: str, exact: bool, grid: int | None = No
     """The fastest grid side whose layer fits a PE's SRAM and whose grids fit the fabric
     (only `grid` when given)."""
     biases = dec.family == "gpt2"
-    best, reasons = None, []
+    best = None
     sides = grid_sides(dec)
     if grid is not None:
         if grid not in sides:
@@ -175,7 +175,6 @@ def choose(dec: Decoder, machine, dtype: str, exact: bool, grid: int | None = No
         geo = geometry(dec, n)
         need = _layer_sram(geo, dtype, biases)
         if need > machine.sram_bytes:
-            reasons.append((n, need))
             continue
         mp = _arrange(dec, geo, machine, dtype, exact)
         if mp is None:
@@ -380,7 +379,7 @@ class _Emitter:
         """The code that fills x (K elements) at the start of item k."""
         rb, K, n = ctx.rb, self.geo.K, self.n
         x = ctx.bufs["x"]
-        color = HANDOFF[it.index % 2] if it.kind == "layer" else HANDOFF[it.index % 2]
+        color = HANDOFF[it.index % 2]  # layer l (and the head, l = layers) receives on it
 
         def recv(buf, c):
             rb.dmem("d1", "f32", buf, K)
@@ -530,29 +529,16 @@ class _Emitter:
 # ---------------------------------------------------------------------------------------------
 # routes
 
-class _Routes:
-    """Route rules, each (router, color) set once."""
-
-    def __init__(self, pb):
-        self.pb = pb
-        self.seen: set = set()
-
-    def add(self, x, y, w, h, color, rx, tx) -> None:
-        if w <= 0 or h <= 0:
-            return
-        self.pb.route(x, y, w, h, color, rx, tx)
-
-
 def route(pb, mp: Mapping) -> int:
     """Every route rule of the mapping (module docstring); returns their count."""
     n, geo = mp.geo.n, mp.geo
-    r = _Routes(pb)
     count = 0
 
-    def add(*rule):
+    def add(x, y, w, h, color, rx, tx):  # empty rectangles (no PE between two grids) skipped
         nonlocal count
-        count += 1
-        r.add(*rule)
+        if w > 0 and h > 0:
+            count += 1
+            pb.route(x, y, w, h, color, rx, tx)
     col = LineKind("column", n, COL, "r14")
     row = LineKind("row", n, ROW, "r13")
     seg = LineKind("row", geo.s, SEG, "r12")
