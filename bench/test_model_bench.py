@@ -170,3 +170,51 @@ def test_gpt2_small_functional_decode_vs_numpy(benchmark, tmp_path, machine_name
         pes=report.pes,
         emulated_cycles=cycles, emulated_tokens_per_second=machine.clock_hz / cycles,
         instructions=int(gen.last_result.instructions.sum()))
+
+
+def test_llama_8b_full_context_wafer_against_h100(benchmark, tmp_path):
+    """The issue-26 bar: the Llama-3-8B shape at its own context (8192, no --max-context) on
+    one wse3 and on one h100, one timing-only decode step at position 4096 each. Records both
+    machines' emulated seconds a token, their ratio (at least 5x), the h100's HBM floor, and
+    every wafer layer's emulated cycles against the compiler's prediction (within 25 %)."""
+    from wse_emu.emulator.api import execute
+
+    folder = config_folder(tmp_path, "llama-3-8b", BUILTIN_MODELS["llama-3-8b"])
+    position = 4096
+    inputs = {"input_ids": np.array([TOKEN], np.int32),
+              "position_ids": np.array([position], np.int32)}
+    wse3, h100 = load_machine("wse3"), load_machine("h100")
+    program, report = compile_model(folder, wse3, dtype="bf16", shape_only=True)
+    assert report.max_context == BUILTIN_MODELS["llama-3-8b"]["max_position_embeddings"]
+    runs = []
+    benchmark.pedantic(lambda: runs.append(execute(program, wse3, inputs=inputs,
+                                                   timing_only=True)), rounds=1, iterations=1)
+    ex = runs[-1]
+    wafer_s = ex.result.cycles / wse3.clock_hz
+    # every layer against its prediction: a layer's end minus the end of the part before it
+    end = {}
+    part_of = program.model.part_of_region()
+    for ri, region in enumerate(program.regions):
+        part = part_of[region.name]
+        if part.name != "sources":
+            pes = np.nonzero(ex.loaded.pe_region == ri)[0]
+            end[part.layer] = max(end.get(part.layer, 0), int(ex.result.clock[pes].max()))
+    worst, prev = 0.0, 0
+    for p in sorted((p for p in program.model.parts if p.name != "sources"),
+                    key=lambda p: p.layer):
+        got = end[p.layer] - prev
+        prev = end[p.layer]
+        if p.name.startswith("layer"):
+            worst = max(worst, abs(p.predicted_cycles - got) / got)
+    gpu_program, gpu_report = compile_model(folder, h100, dtype="bf16", shape_only=True)
+    gpu = execute(gpu_program, h100, inputs=inputs, timing_only=True)
+    gpu_s = gpu.result.cycles / h100.clock_hz
+    floor_s = gpu_report.weight_hbm_bytes / h100.hbm_bandwidth
+    record(benchmark, wafer_cycles=int(ex.result.cycles), wafer_seconds=wafer_s,
+           h100_cycles=int(gpu.result.cycles), h100_seconds=gpu_s, ratio=gpu_s / wafer_s,
+           worst_layer_prediction_error=worst, pes=report.pes,
+           instructions=int(ex.result.instructions.sum()),
+           host_seconds=ex.result.host_seconds)
+    assert gpu_s >= floor_s
+    assert gpu_s / wafer_s >= 5
+    assert worst <= 0.25

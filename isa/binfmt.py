@@ -26,7 +26,9 @@ from wse_emu.isa.errors import EncodingError, FormatError
 from wse_emu.isa.expr import PLAIN_NAME, RESERVED
 from wse_emu.isa.info import program_colors
 from wse_emu.isa.fileio import atomic_write
-from wse_emu.isa.program import (DIR_BITS, Alloc, DataInit, HbmAlloc, HbmInit, HbmPiece, Program, Rect,
+from wse_emu.isa.program import (ALL_LAYERS, DIR_BITS, MODEL_FAMILIES, MODEL_MAPPINGS, MODEL_TARGETS,
+                                  Alloc, DataInit, HbmAlloc, HbmInit, HbmPiece, ModelInfo,
+                                  ModelPart, Program, Rect,
                          Region, RouteRule, Symbol, Tensor, TileMap, tensor_view_2d)
 from wse_emu.isa.spec import DTYPE_BYTES, DTYPE_NAMES
 
@@ -108,6 +110,8 @@ def dumps(program: Program) -> bytes:
         data.append(entry)
     meta = {"name": program.name, "params": [list(p) for p in program.params],
             "meta": program.meta, "requirements": requirements(program)}
+    if program.model is not None:  # a compiled model (isa.program.ModelInfo)
+        meta["model"] = _model_json(program.model)
     regions = [{"name": r.name, "rect": [r.rect.x, r.rect.y, r.rect.w, r.rect.h],
                 "code_length": len(r.code), "labels": [list(lb) for lb in r.labels],
                 "allocs": [[a.name, a.addr, a.nbytes] for a in r.allocs]}
@@ -282,7 +286,9 @@ def _blob_slice(s: _Schema, entry: dict, path: str, blob: bytes) -> bytes:
 
 def _read_meta(doc) -> tuple[dict, list]:
     s = _Schema("META")
-    meta = s.dict(doc, "META", {"name", "params", "meta", "requirements"})
+    keys = {"name", "params", "meta", "requirements"}
+    meta = s.dict(doc, "META", keys | {"model"} if isinstance(doc, dict) and "model" in doc
+                  else keys)
     s.str(meta["name"], "name")
     params = []
     for i, p in enumerate(s.list(meta["params"], "params")):
@@ -434,7 +440,8 @@ def _loads(blob: bytes) -> Program:
                       data=tuple(_read_data(doc["DATA"], data_blob)),
                       symbols=tuple(_read_symbols(doc["SYMBOLS"])),
                       params=tuple(params), meta=meta["meta"], hbm_allocs=tuple(hbm_allocs),
-                      hbm_inits=tuple(hbm_inits), hbm_pieces=tuple(hbm_pieces))
+                      hbm_inits=tuple(hbm_inits), hbm_pieces=tuple(hbm_pieces),
+                      model=_read_model(meta.get("model")))
     check_program(program)
     if meta["requirements"] != requirements(program):
         raise FormatError("section META: requirements do not match the program "
@@ -805,6 +812,7 @@ def check_program(program: Program) -> None:
     _check_data(program)
     _check_symbols(program)
     _check_hbm(program)
+    _check_model(program)
     names = set()
     for i, (name, value) in enumerate(program.params):
         if not isinstance(name, str) or not PLAIN_NAME.fullmatch(name) or name in RESERVED \
@@ -821,3 +829,84 @@ def check_program(program: Program) -> None:
         _fail(f"meta is not JSON: {e}", "meta")
     if not all(isinstance(k, str) for k in program.meta):
         _fail("meta keys must be strings", "meta")
+
+
+# ---------------------------------------------------------------------------------------------
+# MODEL: what a runtime needs to know about a compiled model (isa.program.ModelInfo)
+
+_MODEL_KEYS = {"family", "target", "mapping", "machine", "dtype", "layers", "hidden", "vocab",
+               "max_context", "positions", "parts"}
+
+
+def _model_json(model: ModelInfo | None):
+    if model is None:
+        return None
+    d = {k: getattr(model, k) for k in _MODEL_KEYS - {"parts"}}
+    d["parts"] = [{"name": p.name, "layer": p.layer, "regions": list(p.regions),
+                   "predicted_cycles": p.predicted_cycles} for p in model.parts]
+    return d
+
+
+def _read_model(doc) -> ModelInfo | None:
+    if doc is None:
+        return None
+    s = _Schema("META")
+    d = s.dict(doc, "model", _MODEL_KEYS)
+    for k in ("family", "target", "mapping", "machine", "dtype"):
+        s.str(d[k], k)
+    ints = {k: s.int(d[k], k) for k in ("layers", "hidden", "vocab", "max_context",
+                                        "positions")}
+    parts = []
+    for i, p in enumerate(s.list(d["parts"], "parts")):
+        q = s.dict(p, f"parts[{i}]", {"name", "layer", "regions", "predicted_cycles"})
+        layer = q["layer"]
+        if isinstance(layer, bool) or not isinstance(layer, int):
+            s.fail(f"parts[{i}].layer", f"expected an integer, got {layer!r}")
+        regions = tuple(s.str(r, f"parts[{i}].regions[{j}]")
+                        for j, r in enumerate(s.list(q["regions"], f"parts[{i}].regions")))
+        parts.append(ModelPart(s.str(q["name"], f"parts[{i}].name"), layer, regions,
+                               s.int(q["predicted_cycles"], f"parts[{i}].predicted_cycles")))
+    return ModelInfo(d["family"], d["target"], d["mapping"], d["machine"], d["dtype"],
+                     parts=tuple(parts), **ints)
+
+
+def _check_model(program: Program) -> None:
+    """The MODEL section's values, and that its parts name the program's regions once each."""
+    m = program.model
+    if m is None:
+        return
+    if not isinstance(m, ModelInfo):
+        _fail(f"model must be an isa.program.ModelInfo, got {type(m).__name__}", "model")
+    for field, allowed in (("family", MODEL_FAMILIES), ("target", MODEL_TARGETS),
+                           ("mapping", MODEL_MAPPINGS), ("dtype", ("f32", "f16", "bf16"))):
+        if getattr(m, field) not in allowed:
+            _fail(f"model {field} must be one of {', '.join(allowed)}, got "
+                  f"{getattr(m, field)!r}", "model")
+    for field in ("layers", "hidden", "vocab", "max_context", "positions"):
+        v = getattr(m, field)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            _fail(f"model {field} must be a positive integer, got {v!r}", "model")
+    if m.positions > m.max_context:
+        _fail(f"model positions {m.positions} exceed max_context {m.max_context}", "model")
+    regions = {r.name for r in program.regions}
+    seen: dict[str, str] = {}
+    names = set()
+    for p in m.parts:
+        if not isinstance(p, ModelPart) or not p.name or p.name in names:
+            _fail(f"model part {getattr(p, 'name', p)!r}: not a ModelPart, empty or duplicate "
+                  f"name", "model")
+        names.add(p.name)
+        if p.layer != ALL_LAYERS and not -1 <= p.layer <= m.layers:
+            _fail(f"model part {p.name!r}: layer {p.layer} is not -1..{m.layers} or "
+                  f"{ALL_LAYERS} (every layer)", "model")
+        if isinstance(p.predicted_cycles, bool) or not isinstance(p.predicted_cycles, int) \
+                or p.predicted_cycles < 0:
+            _fail(f"model part {p.name!r}: predicted_cycles must be an integer >= 0", "model")
+        for r in p.regions:
+            if r not in regions:
+                _fail(f"model part {p.name!r} names region {r!r}, which the program does not "
+                      f"have", "model")
+            if r in seen:
+                _fail(f"region {r!r} belongs to model parts {seen[r]!r} and {p.name!r}",
+                      "model")
+            seen[r] = p.name

@@ -237,6 +237,48 @@ class HbmPiece:
     dtype: int
 
 
+MODEL_FAMILIES = ("gpt2", "llama", "bert")
+MODEL_TARGETS = ("mesh", "hbm")
+MODEL_MAPPINGS = ("wafer", "chain", "kernel")
+ALL_LAYERS = -2  # the layer of a part that serves every layer (the HBM target's one kernel)
+
+
+@dataclass(frozen=True)
+class ModelPart:
+    """The PEs of one part of a compiled model and the compiler's prediction for it.
+
+    layer: -1 before the first layer (embeddings, the position sources), 0 .. layers - 1, or
+    `layers` after the last (final norm, LM head); ALL_LAYERS for a part that runs every layer
+    (the HBM target's kernel). regions: the names of the regions whose PEs are the part's.
+    predicted_cycles: the part's cycles in one decode step by the compiler's cost model (0: not
+    predicted)."""
+
+    name: str
+    layer: int
+    regions: tuple[str, ...]
+    predicted_cycles: int = 0
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a runtime needs to know about a compiled model (docs/program-bin.md, MODEL)."""
+
+    family: str  # MODEL_FAMILIES
+    target: str  # "mesh": weights resident in SRAM; "hbm": streamed from HBM
+    mapping: str  # "wafer" (layers on grids), "chain" (stage chain), "kernel" (HBM target)
+    machine: str  # the preset it was compiled for
+    dtype: str  # weight storage: f32, f16, bf16
+    layers: int
+    hidden: int
+    vocab: int
+    max_context: int  # KV-cache positions
+    positions: int  # positions one run processes (1: a decode step)
+    parts: tuple[ModelPart, ...] = ()
+
+    def part_of_region(self) -> dict[str, ModelPart]:
+        return {r: p for p in self.parts for r in p.regions}
+
+
 @dataclass(frozen=True)
 class Program:
     name: str
@@ -250,6 +292,7 @@ class Program:
     hbm_allocs: tuple[HbmAlloc, ...] = ()
     hbm_inits: tuple[HbmInit, ...] = ()
     hbm_pieces: tuple[HbmPiece, ...] = ()
+    model: ModelInfo | None = None  # set by the compiler; None for hand-written programs
 
     @property
     def hbm_bytes(self) -> int:

@@ -46,7 +46,8 @@ from wse_emu.isa.compiler.emit import I32, ZR, Labels, norm_code
 from wse_emu.isa.compiler.hbm_attn import HbmAttention
 from wse_emu.isa.compiler.hbm_emit import IO_BYTES, RL, Ha, li64, smem
 from wse_emu.isa.compiler.lower import CompileError, Plan, Stage
-from wse_emu.isa.compiler.pack import CompileReport, Weights, declare_symbols
+from wse_emu.isa.compiler.pack import CompileReport, Weights, declare_symbols, with_model
+from wse_emu.isa.program import ALL_LAYERS
 from wse_emu.isa.compiler.placement import WEIGHT_BYTES
 from wse_emu.isa.errors import BuildError
 from wse_emu.isa.spec import INSTR_BYTES
@@ -246,6 +247,8 @@ class HbmCompiler(HbmAttention):
                 f"{self.layout.kv_bytes / 1e9:.2f} GB, embedding tables, norms and activations "
                 f"the rest) but "
                 f"machine '{m.name}' has {m.hbm_bytes / 1e9:.2f} GB")
+        program = with_model(program, cfg, "hbm", "kernel", m, self.dtype, self.plan.T,
+                             [("kernel", ALL_LAYERS, [r.name for r in program.regions], 0)])
         sram = program.region_sram_bytes(program.regions[0])
         report = CompileReport(
             model=self.name, machine=m.name, dtype=self.dtype, max_context=cfg.max_context,

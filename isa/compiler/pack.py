@@ -16,7 +16,11 @@ from wse_emu.isa.builder import ProgramBuilder
 from wse_emu.isa.compiler.lower import CompileError, Plan
 from wse_emu.isa.compiler.placement import Placed
 from wse_emu.isa.graph import WeightRef
-from wse_emu.isa.program import Program
+from dataclasses import replace
+
+from wse_emu.isa.binfmt import check_program
+from wse_emu.isa.errors import FormatError
+from wse_emu.isa.program import ModelInfo, ModelPart, Program
 from wse_emu.isa.tensors import safetensors_index
 
 _ST_DTYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
@@ -68,6 +72,8 @@ class CompileReport:
     target: str = "mesh"  # "mesh" (weights resident in SRAM) | "hbm" (streamed from HBM)
     hbm_bytes: int = 0  # HBM the program declares (weights, KV caches, activations)
     weight_hbm_bytes: int = 0  # of which weight matrices, read once a token
+    predicted: dict = field(default_factory=dict)  # part ("embed", "layer i", "head") -> cycles
+    grid: int = 0  # the wafer mapping's grid side n (a layer on n x n PEs); 0: stage chain
 
     def layers(self) -> dict:
         """Per layer: the rectangles (x, y, w, h) of its stages."""
@@ -90,6 +96,12 @@ class CompileReport:
                         f"max_context {self.max_context}")
             lines.append(f"HBM: {self.hbm_bytes / 1e9:.3f} GB declared, of which weight "
                          f"matrices {self.weight_hbm_bytes / 1e9:.3f} GB (read once a token)")
+        if self.predicted:
+            total = sum(self.predicted.values())
+            lines.append(f"predicted cycles a decode step: {total} "
+                         + (f"(layers on {self.grid} x {self.grid} grids) " if self.grid else "")
+                         + "; by part: " + ", ".join(f"{k} {v}"
+                                                     for k, v in self.predicted.items()))
         lines.append(f"{'stage':<34} {'kind':<7} {'at (x, y)':<12} {'w x h':<9} {'PEs':>6} "
                      f"{'SRAM/PE':>8}")
         for s in self.stages:
@@ -97,6 +109,26 @@ class CompileReport:
             lines.append(f"{s['name'][:34]:<34} {s['kind']:<7} {f'({x}, {y})':<12} "
                          f"{f'{w} x {h}':<9} {w * h:>6} {s['sram']:>8}")
         return "\n".join(lines)
+
+
+def part_name(layer: int, layers: int) -> str:
+    return "embed" if layer < 0 else "head" if layer >= layers else f"layer {layer}"
+
+
+def with_model(program: Program, cfg, target: str, mapping: str, machine, dtype: str,
+               positions: int, parts: list) -> Program:
+    """The program with its MODEL part (isa.program.ModelInfo): parts is [(name, layer,
+    [region names], predicted cycles)]; checked as loads() checks it."""
+    model = ModelInfo(cfg.family, target, mapping, machine.name, dtype, cfg.layers, cfg.hidden,
+                      cfg.vocab, cfg.max_context, positions,
+                      tuple(ModelPart(n, layer, tuple(regions), int(cycles))
+                            for n, layer, regions, cycles in parts))
+    program = replace(program, model=model)
+    try:
+        check_program(program)
+    except FormatError as e:
+        raise CompileError(f"internal: the model description is invalid: {e}") from None
+    return program
 
 
 def declare_symbols(pb: ProgramBuilder, plan: Plan) -> None:
@@ -119,6 +151,12 @@ def pack(pb: ProgramBuilder, plan: Plan, placed: list[Placed], machine, dtype: s
                          "vocab": cfg.vocab, "hidden": cfg.hidden, "layers": cfg.layers,
                          "stages": [dict(s, rect=list(s["rect"])) for s in stages]})
     program = pb.build()
+    by_layer: dict = {}
+    for r in program.regions:  # region names are "s<stage id>.<stage name>..."
+        layer = plan.stages[int(r.name[1:].split(".", 1)[0])].layer
+        by_layer.setdefault(layer, []).append(r.name)
+    program = with_model(program, cfg, "mesh", "chain", machine, dtype, plan.T,
+                         [(part_name(k, cfg.layers), k, v, 0) for k, v in sorted(by_layer.items())])
     sram_of = dict(zip((r.name for r in program.regions), program.regions_sram_bytes()))
     worst = max(program.regions, key=lambda r: sram_of[r.name])
     if sram_of[worst.name] > machine.sram_bytes:  # placement estimates code size: check it

@@ -63,7 +63,8 @@ def load_graph(source, shape_only: bool = False, max_context: int | None = None)
 
 def compile_model(source, machine, dtype: str = "f32", max_context: int | None = None,
                   shape_only: bool = False, positions: int | None = None,
-                  dump: tuple[str, ...] = (), dump_to=None, base_dir: str | None = None) -> tuple:
+                  dump: tuple[str, ...] = (), dump_to=None, base_dir: str | None = None,
+                  grid: int | None = None, mapping: str | None = None) -> tuple:
     """Compile `source` for `machine` (an emulator.machine.Machine or any object with name,
     width, height, colors and sram_bytes). Returns (Program, CompileReport); CompileError (one
     line) when the model cannot be mapped or does not fit.
@@ -71,7 +72,11 @@ def compile_model(source, machine, dtype: str = "f32", max_context: int | None =
     positions = T, the positions one run processes: default 1 for decoders (one decode step
     a run, the KV cache kept in SRAM between runs) and max_context for encoders (bidirectional
     attention needs the whole sequence in one run). Weight tensors are referenced relative to
-    `base_dir` (the folder the program.bin will be written to) when given."""
+    `base_dir` (the folder the program.bin will be written to) when given. `grid` fixes the
+    side n of the n x n grid of a decoder's layers (default: the cost model's choice).
+    `mapping`: "wafer" (decode steps of GPT-2 and Llama: layers on grids, isa/compiler/wafer.py)
+    or "chain" (the stage chain: encoders, several positions a run, small machines); default
+    the wafer mapping where it applies and fits, else the stage chain."""
     if not all(hasattr(machine, k) for k in ("name", "width", "height", "colors", "sram_bytes")):
         raise CompileError(f"machine must be a machine preset object (emulator.machine."
                            f"load_machine), got {machine!r}")
@@ -112,6 +117,37 @@ def compile_model(source, machine, dtype: str = "f32", max_context: int | None =
         if "routes" in dump:
             print(f"{len(program.routes)} route rules (the grid barrier)", file=out)
         return program, report
+    if mapping not in (None, "wafer", "chain"):
+        raise CompileError(f"mapping must be 'wafer' or 'chain', got {mapping!r}")
+    if mapping == "chain":
+        return _stage_chain(plan, machine, dtype, shape_only, base_dir, source, dump, out)
+    if positions == 1:
+        # the wafer-wide decode mapping (isa/compiler/wafer.py); other graphs: the stage chain
+        from wse_emu.isa.compiler.decoder import NotADecoder
+        from wse_emu.isa.compiler.wafer import compile_decode
+        name = Path(str(source)).name.replace(".graph.json", "") or "model"
+        try:
+            return compile_decode(plan, machine, dtype, shape_only, base_dir, name, dump, out,
+                                  grid)
+        except NotADecoder as e:
+            if mapping == "wafer":
+                raise CompileError(f"the wafer mapping does not apply: {e}") from None
+            wafer_error = None
+        except CompileError as e:  # does not fit: the stage chain may (a small machine)
+            if grid is not None or mapping == "wafer":
+                raise
+            wafer_error = e
+        try:
+            return _stage_chain(plan, machine, dtype, shape_only, base_dir, source, dump, out)
+        except CompileError:
+            if wafer_error is not None:
+                raise wafer_error from None
+            raise
+    return _stage_chain(plan, machine, dtype, shape_only, base_dir, source, dump, out)
+
+
+def _stage_chain(plan, machine, dtype, shape_only, base_dir, source, dump, out):
+    """The stage-chain mapping (encoders, several positions a run, small machines)."""
     # placement: a rectangle and a tiling per stage, checked against SRAM and the fabric
     placed = place_fastest(plan, machine, dtype, pad_last=shape_only)
     if "placement" in dump:

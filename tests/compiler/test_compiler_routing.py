@@ -84,7 +84,7 @@ def llama_dir(tmp_path_factory):
 
 def test_colors_are_reused_across_layers(llama_dir):
     machine = load_machine("wse3")
-    program, report = compile_model(llama_dir, machine, max_context=8)
+    program, report = compile_model(llama_dir, machine, max_context=8, mapping="chain")
     assert report.colors <= 8  # the same few colors serve all three layers
     per_layer = {}
     for r in program.routes:
@@ -98,7 +98,8 @@ def test_graph_json_source_and_dumps(llama_dir, tmp_path):
     path.write_text(to_json(load_graph(llama_dir, max_context=8)))
     out = io.StringIO()
     program, report = compile_model(path, load_machine("wse3"), dump=("stages", "placement",
-                                                                     "routes"), dump_to=out)
+                                                                     "routes"), dump_to=out,
+                                    mapping="chain")
     text = out.getvalue()
     assert re.search(r"gemv +layers.2.mlp.gate\+up 256 x 64 \[layers.2.mlp.gate.weight, "
                      r"layers.2.mlp.up.weight\]\n", text)
@@ -130,7 +131,7 @@ def test_split_embedding_columns_join_in_order(llama_dir, monkeypatch):
     monkeypatch.setattr(placement, "_divisors",
                         lambda n: [d for d in divisors(n) if d != 1] if n == 64 else divisors(n))
     machine = load_machine("wse3")
-    program, report = compile_model(llama_dir, machine, max_context=8)
+    program, report = compile_model(llama_dir, machine, max_context=8, mapping="chain")
     assert report.stages[0]["kind"] == "embed" and report.stages[0]["rect"][2] > 1
     gen = Generator(program, machine, engine="reference")
     golden = GraphRunner(load_graph(llama_dir, max_context=8))

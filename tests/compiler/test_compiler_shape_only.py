@@ -27,7 +27,7 @@ def wse3():
 
 
 def test_gpt2_xl_shape_only_fits_wse3(tmp_path, wse3):
-    program, report = compile_model(_config(tmp_path, "xl"), wse3, max_context=64,
+    program, report = compile_model(_config(tmp_path, "xl"), wse3, max_context=64, mapping="chain",
                                     shape_only=True)
     h, v = 1600, 50257
     weight_bytes = 4 * (48 * 12 * h * h + 2 * v * h + 1024 * h)  # layers, wte twice (tied), wpe
@@ -56,13 +56,25 @@ def test_too_large_a_model_is_refused_with_what_would_fit(tmp_path, wse3):
     assert "\n" not in msg
     assert "model needs" in msg and "PEs" in msg and "GB" in msg
     assert f"machine 'wse3' is 762 x 1172 ({wse3.width * wse3.height} PEs" in msg
-    assert "would fit 2 such wafers" in msg
+    assert "would fit 3 such wafers" in msg  # 200 layers, 77 grids of 100 x 100 a wafer
 
 
-def test_kv_cache_that_does_not_fit_a_pe_names_the_context_that_would(tmp_path, wse3):
-    with pytest.raises(CompileError, match=r"layers.0.attn.*max_context 1024.*max_context 86 "
-                                           r"would fit"):
-        compile_model(_config(tmp_path, "xl"), wse3, shape_only=True)
+def test_a_context_that_does_not_fit_names_the_context_that_would(tmp_path, wse3):
+    """The KV caches are spread over the layers' grids: GPT-2-XL holds its own 1024 positions,
+    a Llama-3-8B shape asked for 10^6 positions is refused with the context that fits."""
+    compile_model(_config(tmp_path, "xl"), wse3, shape_only=True)
+    folder = tmp_path / "long"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(dict(
+        model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=4096,
+        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+        intermediate_size=14336, vocab_size=128256, max_position_embeddings=1_000_000)))
+    with pytest.raises(CompileError, match=r"max_context 1000000 does not fit machine 'wse3'.*"
+                                           r"max_context (\d+) would fit") as e:
+        compile_model(folder, wse3, dtype="bf16", shape_only=True)
+    fit = int(str(e.value).rsplit("--max-context ", 1)[1].rstrip(")"))
+    assert 8192 <= fit < 1_000_000
+    compile_model(folder, wse3, dtype="bf16", shape_only=True, max_context=fit)
 
 
 def test_unsupported_graph_is_refused_naming_the_node(tmp_path, wse3):

@@ -60,12 +60,12 @@ def test_a_vector_stage_too_big_for_one_pe_is_refused_at_compile_time(tmp_path):
     small = dataclasses.replace(load_machine("wse3"), name="small-sram", sram_bytes=4096)
     with pytest.raises(CompileError, match=r"vector stage keeps its 128-element vectors .* "
                                            r"but a PE has 4096"):
-        compile_model(path, small, max_context=16)
+        compile_model(path, small, max_context=16, mapping="chain")
 
 
-def test_the_llama_3_8b_shape_fits_one_wse3(tmp_path):
-    """The issue's full-size model: 474,753 PEs in strips (bands would need 2306 rows), every
-    vector stage within one PE's SRAM."""
+def test_the_llama_3_8b_shape_fits_one_wse3_in_strips(tmp_path):
+    """The issue's full-size model on the stage chain: 474,753 PEs in strips (bands would need
+    2306 rows), every vector stage within one PE's SRAM."""
     import json
 
     from wse_emu.emulator.benchsuite import BUILTIN_MODELS
@@ -73,7 +73,7 @@ def test_the_llama_3_8b_shape_fits_one_wse3(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(BUILTIN_MODELS["llama-3-8b"]))
     wse3 = load_machine("wse3")
     program, report = compile_model(tmp_path, wse3, dtype="bf16", max_context=16,
-                                    shape_only=True)
+                                    shape_only=True, mapping="chain")
     assert report.pes == sum(r.rect.w * r.rect.h for r in program.regions) > 400_000
     assert max(r.rect.x + r.rect.w for r in program.regions) <= wse3.width
     assert max(r.rect.y + r.rect.h for r in program.regions) <= wse3.height

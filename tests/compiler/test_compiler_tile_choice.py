@@ -1,4 +1,4 @@
-"""The tile size the compiler picks (pipeline.place_fastest): smaller tiles cut each PE's
+"""The tile size the stage-chain mapping picks (pipeline.place_fastest): smaller tiles cut each PE's
 `mv` time but lengthen every gemv's reduction and gather chains, so the smallest tiles are not
 the fastest. The pick must beat both ends of the range on an emulated decode step."""
 
@@ -20,7 +20,7 @@ def _cycles(folder, machine, monkeypatch=None, cap=None):
                             lambda plan, m, dtype, pad_last: place(plan, m, dtype, pad_last,
                                                                    max_tile=cap))
     program, report = pipeline.compile_model(folder, machine, dtype="bf16", max_context=16,
-                                             shape_only=True)
+                                             shape_only=True, mapping="chain")
     gen = Generator(program, machine, timing_only=True)
     gen.step(1)
     return gen.last_result.cycles, report.pes

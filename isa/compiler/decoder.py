@@ -1,0 +1,200 @@
+"""The decode mapping's view of a model: its layers as named parts, and the grid geometry.
+
+`extract` reads the stage chain of `lower` (one position a run) into a `Decoder`: the
+embedding tables, per layer the two norms, the fused q/k/v product, the attention's
+attributes, the output projection, the MLP's products, then the final norm and the LM head.
+A graph that is not a GPT-2- or Llama-style decoder raises NotADecoder (the pipeline then
+uses the stage-chain mapping).
+
+`Geometry` is the layout of one layer on an n x n grid of PEs (docs/compiler.md, "Layouts"):
+
+- the residual x (length d) in blocks of K = d / n along the rows: row i holds x[i K:(i+1) K],
+  every PE of the row the same block (replicated along the row): layout R;
+- q, k, v after their fused allreduce along the columns: column j holds, for KV head
+  g = j // s (s = n / kv_heads columns a KV head), the head-dim slice D_j = two runs of h2 =
+  head_dim / (2 s) dims, {c h2 .. (c+1) h2 - 1} and the same + head_dim / 2 (c = j mod s), of
+  k, of v and of the `group` query heads that read KV head g: layout C. RoPE rotates dim t
+  with dim t + head_dim / 2, so each column rotates its own slice;
+- the KV cache of the layer on the same grid: column j the dims D_j of KV head g, row i the
+  positions p with p mod n == i (slot p // n), so appending a token keeps every row's share
+  of positions within one of the others';
+- the MLP's hidden vector in blocks of F = f / n along the columns (layout C).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from wse_emu.isa.compiler.lower import Matrix, Plan
+
+
+class NotADecoder(ValueError):
+    """The plan is not a one-position decoder the wafer-wide mapping handles."""
+
+
+@dataclass
+class Norm:
+    kind: str  # "rmsnorm" | "layernorm"
+    params: list  # weight names (gain, and bias for layernorm)
+    eps: float
+
+
+@dataclass
+class Layer:
+    index: int
+    norm1: Norm
+    qkv: list  # [q, k, v] Matrix
+    attn: dict  # the attention stage's attributes (heads, head_dim, rope, scale, ...)
+    o: Matrix
+    norm2: Norm
+    mlp1: list  # [up] or [gate, up] Matrix
+    activation: str  # "" | "gelu_tanh" | "gelu_erf" | "silu" (on up, GPT-2)
+    swiglu: bool  # silu(gate) * up (Llama)
+    down: Matrix
+
+
+@dataclass
+class Decoder:
+    plan: Plan
+    family: str
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    max_context: int
+    tables: list  # [(weight name, WeightRef, index symbol)]: token, then position table
+    layers: list = field(default_factory=list)
+    final_norm: Norm | None = None
+    head: Matrix | None = None
+    rope_theta: float | None = None
+
+
+def _norm_of(stage) -> Norm:
+    norms = [op for op in stage.ops if op[0] in ("rmsnorm", "layernorm")]
+    if len(norms) != 1:
+        raise NotADecoder(f"stage '{stage.name}' does not hold exactly one norm")
+    op = norms[0]
+    return Norm(op[0], list(op[3]["params"]), float(op[3]["eps"]))
+
+
+def extract(plan: Plan) -> Decoder:
+    """The Decoder of a lowered one-position plan (NotADecoder when it is not one)."""
+    if plan.T != 1 or "logits" not in plan.symbols:
+        raise NotADecoder("the wafer-wide mapping compiles decode steps (one position a run)")
+    cfg = plan.graph.config
+    st = plan.stages
+    if not st or st[0].kind != "embed":
+        raise NotADecoder("a decoder starts with its embeddings")
+    dec = Decoder(plan, cfg.family, cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim,
+                  cfg.intermediate, cfg.vocab, cfg.max_context, list(st[0].tables))
+    pattern = ["vector", "gemv", "attn", "gemv", "vector", "gemv", "gemv"]
+    k = 1
+    for layer in range(cfg.layers):
+        kinds = [s.kind for s in st[k:k + 7]]
+        if kinds != pattern:
+            raise NotADecoder(f"layer {layer} is not norm, q/k/v, attention, o, norm, MLP")
+        v1, qkv, attn, o, v2, m1, down = st[k:k + 7]
+        if len(qkv.matrices) != 3 or len(o.matrices) != 1 or len(down.matrices) != 1:
+            raise NotADecoder(f"layer {layer}: unexpected products")
+        swiglu = down.prologue == "swiglu"
+        if swiglu != (len(m1.matrices) == 2) or (not swiglu and len(m1.matrices) != 1):
+            raise NotADecoder(f"layer {layer}: unexpected MLP")
+        a = attn.attrs
+        if not a.get("causal", True):
+            raise NotADecoder("bidirectional attention runs on the stage-chain mapping")
+        dec.layers.append(Layer(layer, _norm_of(v1), list(qkv.matrices), dict(a),
+                                o.matrices[0], _norm_of(v2), list(m1.matrices), m1.activation,
+                                swiglu, down.matrices[0]))
+        if a.get("rope_q"):
+            dec.rope_theta = float(a["rope_q"][1])
+        k += 7
+    if [s.kind for s in st[k:]] != ["vector", "gemv"]:
+        raise NotADecoder("a decoder ends with its final norm and LM head")
+    dec.final_norm = _norm_of(st[k])
+    if len(st[k + 1].matrices) != 1:
+        raise NotADecoder("unexpected LM head")
+    dec.head = st[k + 1].matrices[0]
+    if len(dec.tables) not in (1, 2) or any(t[2] is None for t in dec.tables):
+        raise NotADecoder("a decoder's embeddings are a token table and maybe a position table")
+    return dec
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """One layer on an n x n grid (module docstring); every size in elements."""
+
+    n: int  # grid side
+    d: int  # hidden
+    hd: int  # head dim
+    heads: int
+    kv: int  # KV heads
+    f: int  # intermediate
+    ctx: int  # max_context
+    swiglu: bool
+
+    @property
+    def K(self) -> int:  # residual block a row (layout R)
+        return self.d // self.n
+
+    @property
+    def s(self) -> int:  # columns a KV head
+        return self.n // self.kv
+
+    @property
+    def h2(self) -> int:  # one half-run of a column's head dims
+        return self.hd // (2 * self.s)
+
+    @property
+    def D(self) -> int:  # head dims a column
+        return 2 * self.h2
+
+    @property
+    def group(self) -> int:  # query heads a KV head
+        return self.heads // self.kv
+
+    @property
+    def Mq(self) -> int:  # query (and attention output) elements a column
+        return self.group * self.D
+
+    @property
+    def Mqkv(self) -> int:
+        return self.Mq + 2 * self.D
+
+    @property
+    def F(self) -> int:  # MLP hidden block a column
+        return self.f // self.n
+
+    @property
+    def M1(self) -> int:  # first MLP product's rows a column (gate and up, or up)
+        return 2 * self.F if self.swiglu else self.F
+
+    @property
+    def S(self) -> int:  # KV cache slots a PE
+        return -(-self.ctx // self.n)
+
+
+def grid_sides(dec: Decoder) -> list[int]:
+    """Grid sides n the layout allows: n divides d and f, n is a multiple of the KV heads, and
+    a column's head dims are whole RoPE pairs (n / kv_heads divides head_dim / 2)."""
+    out = []
+    half = dec.head_dim // 2
+    for s in range(1, half + 1):
+        if half % s:
+            continue
+        n = s * dec.kv_heads
+        if dec.hidden % n == 0 and dec.intermediate % n == 0 and dec.head_dim % 2 == 0:
+            out.append(n)
+    return out
+
+
+def geometry(dec: Decoder, n: int, ctx: int | None = None) -> Geometry:
+    return Geometry(n, dec.hidden, dec.head_dim, dec.heads, dec.kv_heads, dec.intermediate,
+                    ctx or dec.max_context, dec.layers[0].swiglu)
+
+
+def divisors(v: int) -> list[int]:
+    small = [k for k in range(1, math.isqrt(v) + 1) if v % k == 0]
+    return sorted(set(small + [v // k for k in small]))

@@ -1,0 +1,328 @@
+"""Mapping strategy `attention`: the KV cache spread over the layer's n x n grid (positions
+along the rows, head dims along the columns, a KV head's s columns a segment), attention by
+local products and line allreduces (docs/compiler.md, "Attention").
+
+Column j holds (after q/k/v's allreduce) the dims D_j of KV head g's k and v and of its
+`group` query heads; row i keeps the positions p with p mod n == i, slot p // n, of those dims:
+
+    K cache  (S x D)      column-major: a dim a column, so the scores are one `mm`
+    V cache  (D + 1) x S  column-major: a slot a column, its D dims and a constant 1, so that
+                          one `mm` gives both the weighted values and the softmax's sum
+
+A step:
+  1. RoPE (Llama): column j's cos and sin of this position arrive on the column's RoPE bus
+     (from a PE of row 0 that reads the position); q's and k's pairs rotate locally.
+  2. Append: this position's mask row arrives on the row's mask bus (from a PE of column 0):
+     [mask (0 or -inf a slot), one-hot of the new slot, 1 - one-hot]. cache = cache * keep +
+     one-hot x new: every PE runs the same ops, the data says which slot changes, so the code
+     never branches on the position (a timing-only run needs no SRAM here).
+  3. scores (S x group) = K cache (S x D) q (D x group), + mask; allreduce along the KV head's
+     segment of the row (the other dims of the head).
+  4. max: each head's over the PE's slots, allreduce (max) along the column (all
+     positions); p = exp(scores - max).
+  5. [o; l] ((D + 1) x group) = V cache p; allreduce along the column; o / l.
+The cost of a step is set by S = ceil(max_context / n) slots a PE, not by the position.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from wse_emu.isa.compiler.map_elementwise import mem_to_scalar
+from wse_emu.isa.compiler.emit import I32
+from wse_emu.isa.compiler.placement import WEIGHT_BYTES
+
+NEG_INF = float("-inf")
+
+
+def cache_bytes(geo, kvbytes: int) -> int:
+    return geo.S * geo.D * kvbytes + (geo.D + 1) * geo.S * kvbytes
+
+
+def buffer_bytes(geo) -> int:
+    """fp32 scratch of the attention on a PE: scores, maxima, masks, RoPE, o, l."""
+    S, g, D = geo.S, geo.group, geo.D
+    return 4 * (S * g + g + g + 3 * S + 2 * geo.h2 + 2 * (g + 1) * geo.h2
+                + (D + 1) * g + geo.Mq + (D + 1) * S)
+
+
+def alloc(ctx, rb) -> None:
+    """The caches and the attention's buffers; the V cache's constant row of ones."""
+    geo = ctx.geo
+    S, D, g = geo.S, geo.D, geo.group
+    kvb = WEIGHT_BYTES[ctx.dtype]
+    ctx.bufs["kc"] = rb.alloc("kcache", S * D * kvb)
+    ctx.bufs["vc"] = rb.alloc("vcache", (D + 1) * S * kvb)
+    ctx.bufs["sc"] = rb.alloc("scores", S * g * 4)
+    ctx.bufs["fold"] = rb.alloc("fold", g * 4)
+    ctx.bufs["mx"] = rb.alloc("mx", g * 4)
+    ctx.bufs["mask"] = rb.alloc("mask", 3 * S * 4)
+    ctx.bufs["oe"] = rb.alloc("oe", (D + 1) * g * 4)
+    ctx.bufs["ao"] = rb.alloc("ao", geo.Mq * 4)
+    ctx.bufs["outer"] = rb.alloc("outer", (D + 1) * S * 4)
+    if ctx.rope:
+        ctx.bufs["cs"] = rb.alloc("cs", 2 * geo.h2 * 4)
+        ctx.bufs["rt"] = rb.alloc("rt", 2 * (g + 1) * geo.h2 * 4)
+    ones = np.zeros((S, D + 1), np.float32)
+    ones[:, D] = 1.0  # slot-major: a slot's D values, then 1
+    if not ctx.shape_only:
+        rb.init(ctx.bufs["vc"], ctx.dtype, ones.ravel())
+
+
+def rope(ctx, qkv) -> None:
+    """Receive this position's cos and sin for the column's frequencies; rotate the pairs of
+    every query head and of k (in place in the q/k/v buffer)."""
+    rb, geo, c = ctx.rb, ctx.geo, ctx.cost
+    h2, g = geo.h2, geo.group
+    cs, rt = ctx.bufs["cs"], ctx.bufs["rt"]
+    rb.dmem("d1", "f32", cs, 2 * h2)
+    rb.dfin("d2", "f32", ctx.colors["rope"], 2 * h2)
+    rb.vmov("d1", "d2")
+
+    def pairs(d, addr):  # (group + 1) runs of h2 at stride 2 h2: lo (addr = qkv) or hi
+        rb.dmem(d, "f32", addr, h2)
+        rb.d2d(d, g + 1, 2 * h2)
+
+    def table(d, addr):  # cos or sin repeated for every run
+        rb.dmem(d, "f32", addr, h2)
+        rb.d2d(d, g + 1, 0)
+    lo, hi = qkv, qkv + 4 * h2
+    pairs("d5", lo)
+    pairs("d6", hi)
+    table("d7", cs)
+    table("d8", cs + 4 * h2)
+    rb.dmem("d9", "f32", rt, (g + 1) * h2)
+    rb.dmem("d10", "f32", rt + 4 * (g + 1) * h2, (g + 1) * h2)
+    rb.vmul("d9", "d6", "d8")  # hi * sin
+    rb.vmul("d10", "d5", "d8")  # lo * sin
+    rb.vmul("d5", "d5", "d7")
+    rb.vsub("d5", "d5", "d9")  # lo' = lo cos - hi sin
+    rb.vmul("d6", "d6", "d7")
+    rb.vadd("d6", "d6", "d10")  # hi' = hi cos + lo sin
+    m = (g + 1) * h2
+    ctx.charge("rope", c.op("move", 2 * h2) + 2 * h2 + 6 * c.op("mul", m) + c.scalar(16))
+
+
+def attend(ctx, layer, qkv) -> None:
+    """Steps 2-5 of the module docstring; the result (the column's Mq attention outputs)
+    in ctx.bufs['ao']."""
+    rb, geo, c = ctx.rb, ctx.geo, ctx.cost
+    S, D, g, Mq = geo.S, geo.D, geo.group, geo.Mq
+    kvd = ctx.dtype
+    b = ctx.bufs
+    kc, vc, sc, fold, mx, mask, oe, ao = (b[k] for k in ("kc", "vc", "sc", "fold", "mx",
+                                                          "mask", "oe", "ao"))
+    onehot, keep = mask + 4 * S, mask + 8 * S
+    # the scale on q (Mq values), before its dots with the cached keys
+    rb.dmem("d1", "f32", qkv, Mq)
+    rb.fli("f5", float(layer.attn["scale"]))
+    rb.vmuls("d1", "d1", "f5")
+    # 2. this position's mask row, then the append
+    rb.dmem("d1", "f32", mask, 3 * S)
+    rb.dfin("d2", "f32", ctx.colors["mask"], 3 * S)
+    rb.vmov("d1", "d2")
+    k_new, v_new = qkv + 4 * Mq, qkv + 4 * (Mq + D)  # v_new is followed by the constant 1
+    rb.dmem("d1", kvd, kc, S)
+    rb.d2d("d1", D, S)  # K cache (S x D)
+    rb.dmem("d2", "f32", keep, S)
+    rb.d2d("d2", D, 0)  # keep, for every dim
+    rb.vmul("d1", "d1", "d2")
+    rb.dmem("d3", "f32", onehot, S)
+    rb.d2d("d3", D, 0)
+    rb.dmem("d4", "f32", k_new, S)
+    rb.dstride("d4", 0)
+    rb.d2d("d4", D, 1)  # k[dim], for every slot
+    ctx.charge("kv append", c.op("move", 3 * S) + 3 * S + c.op("mul", S * D, kvd, "f32")
+               + c.scalar(20))
+    _outer_add(ctx, "d1", "d3", "d4", S, D, kvd)
+    rb.dmem("d1", kvd, vc, D + 1)
+    rb.d2d("d1", S, D + 1)  # V cache ((D + 1) x S)
+    rb.dmem("d2", "f32", keep, D + 1)
+    rb.dstride("d2", 0)
+    rb.d2d("d2", S, 1)  # keep[slot], for every row of the slot
+    rb.vmul("d1", "d1", "d2")
+    rb.dmem("d3", "f32", onehot, D + 1)
+    rb.dstride("d3", 0)
+    rb.d2d("d3", S, 1)
+    rb.dmem("d4", "f32", v_new, D + 1)
+    rb.d2d("d4", S, 0)  # [v; 1], for every slot
+    ctx.charge("kv append", c.op("mul", S * (D + 1), kvd, "f32") + c.scalar(10))
+    _outer_add(ctx, "d1", "d3", "d4", D + 1, S, kvd)
+    # 3. scores = K q, masked; the other dims of the head by the segment allreduce
+    rb.dmem("d1", kvd, kc, S)
+    rb.d2d("d1", D, S)
+    rb.dmem("d2", "f32", qkv, D)
+    rb.d2d("d2", g, D)
+    rb.dmem("d3", "f32", sc, S)
+    rb.d2d("d3", g, S)
+    rb.mm("d3", "d1", "d2")
+    rb.dmem("d4", "f32", mask, S)
+    rb.d2d("d4", g, 0)
+    rb.vadd("d3", "d3", "d4")
+    ctx.charge("scores", c.mat(S, D, g, kvd, "f32") + c.op("add", S * g) + c.scalar(10))
+    ctx.allreduce(ctx.seg, sc, S * g, what="scores allreduce")
+    # 4. the max of each head over this PE's slots, then allreduce (max) along the column
+    for h in range(g):
+        rb.dmem("d1", "f32", sc + 4 * h * S, S)
+        rb.rmax("f1", "d1")
+        rb.dmem("d2", "f32", mx + 4 * h, 1)
+        rb.vfill("d2", "f1")
+    ctx.charge("softmax", g * (c.op("max", S) + c.op("move", 1) + c.scalar(2)))
+    ctx.allreduce(ctx.col, mx, g, op="max", what="max allreduce")
+    rb.dmem("d1", "f32", sc, S)
+    rb.d2d("d1", g, S)
+    rb.dmem("d2", "f32", mx, S)
+    rb.dstride("d2", 0)
+    rb.d2d("d2", g, 1)  # the head's max for every slot
+    rb.vsub("d1", "d1", "d2")
+    rb.vexp("d1", "d1")
+    ctx.charge("softmax", c.op("add", S * g) + c.op("special", S * g) + c.scalar(6))
+    # 5. [o; l] = V p, allreduced along the column; o / l
+    rb.dmem("d1", kvd, vc, D + 1)
+    rb.d2d("d1", S, D + 1)
+    rb.dmem("d2", "f32", sc, S)
+    rb.d2d("d2", g, S)
+    rb.dmem("d3", "f32", oe, D + 1)
+    rb.d2d("d3", g, D + 1)
+    rb.mm("d3", "d1", "d2")
+    ctx.charge("weighted values", c.mat(D + 1, S, g, kvd, "f32") + c.scalar(6))
+    ctx.allreduce(ctx.col, oe, (D + 1) * g, what="values allreduce")
+    # o / l: 1 / l as (1 / sqrt(l))^2 for every head at once
+    lsum = fold  # scratch: g values
+    rb.dmem("d1", "f32", oe + 4 * D, g)
+    rb.dstride("d1", D + 1)  # l of every head
+    rb.dmem("d2", "f32", lsum, g)
+    rb.vrsqrt("d2", "d1")
+    rb.vmul("d2", "d2", "d2")
+    rb.dmem("d3", "f32", ao, D)
+    rb.d2d("d3", g, D)
+    rb.dmem("d4", "f32", oe, D)
+    rb.d2d("d4", g, D + 1)
+    rb.dmem("d5", "f32", lsum, D)
+    rb.dstride("d5", 0)
+    rb.d2d("d5", g, 1)
+    rb.vmul("d3", "d4", "d5")
+    ctx.charge("softmax", c.op("special", g) + c.op("mul", g) + c.op("mul", D * g)
+               + c.scalar(10))
+
+
+def _outer_add(ctx, dc, da, db, rows: int, cols: int, kvd: str) -> None:
+    """cache (descriptor dc, rows x cols) += a * b elementwise (descriptors da and db repeat
+    their vectors with stride 0): the product into an fp32 scratch, then one add, so the new
+    value is rounded to the cache's dtype once."""
+    rb, c = ctx.rb, ctx.cost
+    scratch = ctx.bufs["outer"]
+    rb.dmem("d6", "f32", scratch, rows)
+    rb.d2d("d6", cols, rows)
+    rb.vmul("d6", da, db)
+    rb.vadd(dc, dc, "d6")
+    ctx.charge("kv append", c.op("mul", rows * cols) + c.op("add", rows * cols, kvd, "f32")
+               + c.scalar(2))
+
+
+# ---------------------------------------------------------------------------------------------
+# The buses' sources: PEs that read position_ids and send what the grids need.
+
+def rope_tables(theta: float, hd: int, ctx_len: int) -> tuple[int, list]:
+    """(B, [cos_lo, sin_lo, cos_hi, sin_hi]) with position p = hi * B + lo: cos(p f) =
+    cos(hi B f) cos(lo f) - sin(hi B f) sin(lo f). Angles in fp32 as transformers computes
+    them (fp32(position) * inv_freq); with B >= max_context hi is 0 and the result is exactly
+    the table's."""
+    inv = np.float32(1.0) / (np.float32(theta) ** (np.arange(0, hd, 2, dtype=np.float32)
+                                                   / np.float32(hd)))
+    B = ctx_len if ctx_len * hd * 4 <= 16384 else 1 << int(np.ceil(np.log2(np.sqrt(ctx_len))))
+    H = -(-ctx_len // B)
+    lo = np.arange(B, dtype=np.float32)[:, None] * inv[None, :]
+    hi = (np.arange(H, dtype=np.float32) * np.float32(B))[:, None] * inv[None, :]
+    return B, [np.cos(lo).astype(np.float32), np.sin(lo).astype(np.float32),
+               np.cos(hi).astype(np.float32), np.sin(hi).astype(np.float32)]
+
+
+def rope_source(ctx, pb, name: str, x0: int, geo, theta: float, color: int, default_pos) -> None:
+    """Row 0 above a lattice slot of n columns: PE j computes cos and sin of this position at
+    column j's frequencies and sends them down its column (through every grid below)."""
+    s, h2, n = geo.s, geo.h2, geo.n
+    B, tables = rope_tables(theta, geo.hd, geo.ctx)
+    H = tables[2].shape[0]
+    names = []
+    for k, t in enumerate(tables):
+        tname = f"rope{k}_{geo.hd}_{geo.ctx}_{theta:g}"
+        if tname not in ctx.declared:
+            pb.tensor(tname, t)
+            ctx.declared.add(tname)
+        names.append(tname)
+    rb = pb.region(name, x0, 0, n, 1)
+    pos = rb.alloc("pos", 4)
+    rb.piece("position_ids", pos, I32, (1, 1))
+    rb.load(default_pos, pos, I32, (1, 1))
+    bufs = [rb.alloc(f"t{k}", rows * h2 * 4) for k, rows in enumerate((B, B, H, H))]
+    for g in range(geo.kv):
+        for k, (tname, rows) in enumerate(zip(names, (B, B, H, H))):
+            rb.load(tname, bufs[k], "f32", (rows, h2), 0, (0, 0, 1), "C", rect=(g * s, 0, s, 1))
+    out = rb.alloc("out", 2 * h2 * 4)
+    tmp = rb.alloc("tmp", h2 * 4)
+    rb.lw("r1", "r15", pos)
+    rb.li("r4", B)
+    rb.div("r2", "r1", "r4")  # hi
+    rb.mul("r3", "r2", "r4")
+    rb.sub("r3", "r1", "r3")  # lo
+    rb.muli("r3", "r3", h2 * 4)
+    rb.muli("r2", "r2", h2 * 4)
+    for d, k, reg in (("d1", 0, "r3"), ("d2", 1, "r3"), ("d3", 2, "r2"), ("d4", 3, "r2")):
+        rb.dmem(d, "f32", bufs[k], h2)
+        rb.daddr(d, reg, bufs[k])
+    rb.dmem("d5", "f32", out, h2)
+    rb.dmem("d6", "f32", out + 4 * h2, h2)
+    rb.dmem("d7", "f32", tmp, h2)
+    rb.vmul("d5", "d3", "d1")  # cos_hi cos_lo
+    rb.vmul("d7", "d4", "d2")  # sin_hi sin_lo
+    rb.vsub("d5", "d5", "d7")
+    rb.vmul("d6", "d4", "d1")  # sin_hi cos_lo
+    rb.vmul("d7", "d3", "d2")  # cos_hi sin_lo
+    rb.vadd("d6", "d6", "d7")
+    rb.dmem("d1", "f32", out, 2 * h2)
+    rb.dfout("d2", "f32", color, 2 * h2)
+    rb.vmov("d2", "d1")
+    rb.halt()
+
+
+def mask_source(ctx, pb, name: str, y0: int, geo, color: int, default_pos) -> None:
+    """Column 0 beside a band of grids: PE i sends row i's [mask, one-hot, keep] of this
+    position east along its row (through every grid of the band)."""
+    n, S = geo.n, geo.S
+    rb = pb.region(name, 0, y0, 1, n)
+    pos = rb.alloc("pos", 4)
+    rb.piece("position_ids", pos, I32, (1, 1))
+    rb.load(default_pos, pos, I32, (1, 1))
+    buf = rb.alloc("rows", 3 * S * 4)
+    mask, onehot, keep = buf, buf + 4 * S, buf + 8 * S
+    done = "have_slot"
+    rb.lw("r1", "r15", pos)
+    rb.li("r2", y0)
+    rb.sub("r2", "GY", "r2")  # this row i
+    rb.sub("r3", "r1", "r2")  # pos - i
+    rb.fli("f1", NEG_INF)
+    rb.fli("f2", 1.0)
+    rb.dmem("d1", "f32", mask, S)
+    rb.vfill("d1", "f1")
+    rb.dmem("d1", "f32", onehot, S)
+    rb.vfill("d1", "f15")
+    rb.dmem("d1", "f32", keep, S)
+    rb.vfill("d1", "f2")
+    rb.blt("r3", "r15", done)  # no position of this row is visible yet
+    rb.li("r4", n)
+    rb.div("r5", "r3", "r4")  # the newest visible slot
+    rb.addi("r6", "r5", 1)
+    rb.dmem("d1", "f32", mask, 1)
+    rb.dlen("d1", "r6")
+    rb.vfill("d1", "f15")  # slots 0 .. r5 visible
+    rb.mul("r7", "r5", "r4")
+    rb.bne("r7", "r3", done)  # this position is not this row's
+    rb.muli("r5", "r5", 4)
+    rb.fsw("f2", "r5", onehot)
+    rb.fsw("f15", "r5", keep)
+    rb.label(done)
+    rb.dmem("d1", "f32", buf, 3 * S)
+    rb.dfout("d2", "f32", color, 3 * S)
+    rb.vmov("d2", "d1")
+    rb.halt()

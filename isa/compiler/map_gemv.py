@@ -1,0 +1,156 @@
+"""Mapping strategy `gemv`: a matrix-vector product on an n x n grid as local tile products
+followed by one allreduce along a line (docs/compiler.md, "Products").
+
+PE (j, i) (column j, row i) holds the tile of W whose input block it already has and whose
+output block its line will own:
+
+    product     input layout   tile at (j, i)                           allreduce   output
+    q/k/v       R (block i)    rows of column j's head dims, cols block i  column      C
+    o           C (column j)   rows block i, cols of column j's dims       row         R
+    gate/up     R              rows block j of gate and of up, cols blk i  column      C
+    down        C              rows block i, cols block j                  row         R
+
+so consecutive products alternate their reduction axis and no transpose or gather is ever
+needed; q, k and v (and gate and up) are one fused tile and one allreduce. Tiles are stored
+column-major (what `mv` reads); rows that are not contiguous in W (a column's head dims) are
+gathered at load time, one tile map per run (and per tile column when the runs interleave).
+"""
+
+from __future__ import annotations
+
+from wse_emu.isa.compiler.placement import WEIGHT_BYTES
+
+
+def _affine(v):
+    return v if isinstance(v, tuple) else (v, 0, 0)
+
+
+def load_block(ctx, rb, ref, addr, rows: int, cols: int, row_idx, col_idx, ld: int, rect,
+               dtype: str | None = None) -> None:
+    """Put W[r*rows:(r+1)*rows, c*cols:(c+1)*cols] (W the logical (out, in) matrix of ref; r, c
+    affine tile indices (start, step_y, step_x) over rect) at addr, column-major with column
+    stride ld elements, on every PE of rect (region-relative)."""
+    if ctx.shape_only:
+        return
+    dtype = dtype or ctx.dtype
+    name = ctx.weights.tensor(ref)
+    r0, rdy, rdx = _affine(row_idx)
+    c0, cdy, cdx = _affine(col_idx)
+    first = ref.rows[0] if ref.rows else 0
+    if first % rows:
+        raise ctx.error(f"weight '{ref.key}': its rows start at {first}, not a multiple of "
+                        f"the tile height {rows}")
+    r0 += first // rows
+    size = WEIGHT_BYTES[dtype] if dtype != "f32" else 4
+    if ld == rows:  # one contiguous tile
+        if ref.transpose:  # stored (in, out): the (cols x rows) C-order tile is W's F-order
+            rb.load(name, addr, dtype, (cols, rows), (c0, cdy, cdx), (r0, rdy, rdx), "C",
+                    rect=rect)
+        else:
+            rb.load(name, addr, dtype, (rows, cols), (r0, rdy, rdx), (c0, cdy, cdx), "F",
+                    rect=rect)
+        return
+    for t in range(cols):  # tile columns one by one: a run of `rows` inside each
+        col = (c0 * cols + t, cdy * cols, cdx * cols)
+        a = addr + t * ld * size
+        if ref.transpose:
+            rb.load(name, a, dtype, (1, rows), col, (r0, rdy, rdx), "C", rect=rect)
+        else:
+            rb.load(name, a, dtype, (rows, 1), (r0, rdy, rdx), col, "F", rect=rect)
+
+
+def qkv_runs(geo):
+    """The runs of a column's fused q/k/v tile: (matrix index 0/1/2, offset in the tile,
+    tile index of the run in its matrix as a function (start, per-KV-head step, per-column
+    step) for columns g*s + c of KV head g). Order: each query head's two half-runs, then
+    k's, then v's."""
+    s, h2, group = geo.s, geo.h2, geo.group
+    runs = []
+    off = 0
+    for hh in range(group):
+        for half in range(2):
+            runs.append((0, off, hh * 2 * s + half * s, group * 2 * s))
+            off += h2
+    for mat in (1, 2):
+        for half in range(2):
+            runs.append((mat, off, half * s, 2 * s))
+            off += h2
+    return runs
+
+
+def load_qkv(ctx, rb, mats, waddr, baddr) -> None:
+    """The fused q/k/v tile (Mqkv x K) and bias (Mqkv) of every column (module docstring)."""
+    geo = ctx.geo
+    s, h2, K, n = geo.s, geo.h2, geo.K, geo.n
+    for g in range(geo.kv):
+        rect = (g * s, 0, s, n)
+        for mat, off, start, per_head in qkv_runs(geo):
+            m = mats[mat]
+            ri = (g * per_head + start, 0, 1)
+            load_block(ctx, rb, m.ref, waddr + off * WEIGHT_BYTES[ctx.dtype], h2, K, ri,
+                       (0, 1, 0), geo.Mqkv, rect)
+            if m.bias_ref is not None and baddr is not None:
+                load_block(ctx, rb, m.bias_ref, baddr + off * 4, h2, 1, ri, 0, h2, rect, "f32")
+
+
+def load_o(ctx, rb, m, waddr, baddr) -> None:
+    """The output projection's tile (K x Mq): rows block i, columns = column j's head dims of
+    each query head, in the order of the attention output (ao) of the column."""
+    geo = ctx.geo
+    s, h2, K, n, group = geo.s, geo.h2, geo.K, geo.n, geo.group
+    wb = WEIGHT_BYTES[ctx.dtype]
+    for g in range(geo.kv):
+        rect = (g * s, 0, s, n)
+        for hh in range(group):
+            for half in range(2):
+                t = 2 * hh + half
+                ci = ((g * group + hh) * 2 * s + half * s, 0, 1)
+                load_block(ctx, rb, m.ref, waddr + t * h2 * K * wb, K, h2, (0, 1, 0), ci, K,
+                           rect)
+    if m.bias_ref is not None and baddr is not None:
+        load_block(ctx, rb, m.bias_ref, baddr, K, 1, (0, 1, 0), 0, K, (0, 0, n, n), "f32")
+
+
+def load_mlp1(ctx, rb, mats, waddr, baddr) -> None:
+    """Gate and up (or up alone): rows block j of each, stacked; columns block i."""
+    geo = ctx.geo
+    F, K, n = geo.F, geo.K, geo.n
+    wb = WEIGHT_BYTES[ctx.dtype]
+    for k, m in enumerate(mats):
+        load_block(ctx, rb, m.ref, waddr + k * F * wb, F, K, (0, 0, 1), (0, 1, 0), geo.M1,
+                   (0, 0, n, n))
+        if m.bias_ref is not None and baddr is not None:
+            load_block(ctx, rb, m.bias_ref, baddr + k * F * 4, F, 1, (0, 0, 1), 0, F,
+                       (0, 0, n, n), "f32")
+
+
+def load_down(ctx, rb, m, waddr, baddr) -> None:
+    geo = ctx.geo
+    F, K, n = geo.F, geo.K, geo.n
+    load_block(ctx, rb, m.ref, waddr, K, F, (0, 1, 0), (0, 0, 1), K, (0, 0, n, n))
+    if m.bias_ref is not None and baddr is not None:
+        load_block(ctx, rb, m.bias_ref, baddr, K, 1, (0, 1, 0), 0, K, (0, 0, n, n), "f32")
+
+
+def product(ctx, what: str, w, M: int, K: int, x, y, line, bias=None) -> None:
+    """y (M) = W (M x K) x (K) on every PE, then the allreduce of y along `line`, then the
+    bias (whose block every PE of the line holds)."""
+    rb = ctx.rb
+    rb.dmem("d0", ctx.dtype, w, M)
+    rb.d2d("d0", K, M)
+    rb.dmem("d1", "f32", x, K)
+    rb.dmem("d2", "f32", y, M)
+    rb.mv("d2", "d0", "d1")
+    ctx.charge(what, ctx.cost.mat(M, K, 1, ctx.dtype, "f32") + ctx.cost.scalar(4))
+    ctx.allreduce(line, y, M, what=f"{what} allreduce")
+    if bias is not None:
+        rb.dmem("d2", "f32", y, M)
+        rb.dmem("d3", "f32", bias, M)
+        rb.vadd("d2", "d2", "d3")
+        ctx.charge(what, ctx.cost.op("add", M) + ctx.cost.scalar(2))
+
+
+def tile_bytes(geo, wbytes: int, biases: bool) -> int:
+    """SRAM of a layer PE's four weight tiles (and their bias blocks, fp32)."""
+    w = (geo.Mqkv * geo.K + geo.K * geo.Mq + geo.M1 * geo.K + geo.K * geo.F) * wbytes
+    return w + (4 * (geo.Mqkv + geo.K + geo.M1 + geo.K) if biases else 0)

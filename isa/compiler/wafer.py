@@ -1,0 +1,716 @@
+"""The wafer-wide decode mapping: every layer on its own n x n grid, activations split over
+the grid, products followed by line allreduces, the KV cache spread over the grid
+(docs/compiler.md, "The decode mapping").
+
+    compile_decode(plan, machine, dtype, shape_only, base_dir, name) -> (Program, report)
+
+is one function of named passes: extract (the plan's layers), choose (the grid side n from
+the cost model), place (grids in bands, snaking), route (allreduce lines, hand-offs, buses),
+codegen (one region per grid, through the strategies of STRATEGIES), pack.
+
+Placement. Row 0 of the fabric holds the RoPE sources (one PE a grid column), column 0 the
+mask sources (one PE a grid row); grids sit on a lattice of n x n slots from (1, 1). Band b
+(rows 1 + b n ..) is filled east when b is even and west when odd: the embedding first, then
+layer 0, 1, ..., then the head. Two grids side by side in a band hand the residual over along
+their rows (n links at once, K = d / n wavelets each); at the end of a band, the next grid is
+right below, and the residual goes down the diagonal: PE (r, r) of the last grid sends row r's
+block down its column to row r of the grid below, which multicasts it along its row.
+
+Colors: 0-4 column allreduces, 5-9 row allreduces, 10-14 the KV heads' row segments, 15-16
+the hand-offs (alternating layer to layer), 17 the diagonal, 18 GPT-2's position embedding,
+19 the mask bus, 20 the RoPE bus.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from wse_emu.isa.builder import ProgramBuilder
+from wse_emu.isa.compiler import map_attention, map_elementwise, map_embedding, map_gemv, \
+    map_head
+from wse_emu.isa.compiler.decoder import Decoder, Geometry, extract, geometry, grid_sides
+from wse_emu.isa.compiler.emit import I32, Labels
+from wse_emu.isa.compiler.lines import LineKind, allreduce, cycles as line_cycles, routes, \
+    setup_flags
+from wse_emu.isa.compiler.lower import CompileError, Plan
+from wse_emu.isa.compiler.pack import CompileReport, Weights, part_name, with_model
+from wse_emu.isa.compiler.placement import WEIGHT_BYTES
+from wse_emu.isa.compiler.predict import Cost
+from wse_emu.isa.errors import BuildError
+from wse_emu.isa.program import Rect
+
+# One entry a mapping strategy: its module holds its tiling, its routes' needs and its code.
+STRATEGIES = {
+    "gemv": map_gemv,
+    "attention": map_attention,
+    "elementwise": map_elementwise,
+    "embedding": map_embedding,
+    "head": map_head,
+}
+
+COL, ROW, SEG = (0, 1, 2, 3, 4), (5, 6, 7, 8, 9), (10, 11, 12, 13, 14)
+HANDOFF = (15, 16)
+DIAG, WPE, MASK, ROPE = 17, 18, 19, 20
+COLORS_NEEDED = 21
+CODE_BYTES = 8 * 1024  # SRAM kept for a layer PE's code (measured: about 5-7 KB)
+
+
+@dataclass
+class Item:
+    """One grid of the placement: the embedding, a layer, or the head."""
+
+    kind: str  # "embed" | "layer" | "head"
+    index: int  # layer number (embed -1, head = layers)
+    width: int  # columns
+    slots: int  # lattice slots it spans
+    band: int = 0
+    slot: int = 0  # first slot
+    west: bool = False  # in a band that grows west: right-aligned in its slots
+    handoff_in: str = ""  # "east" | "west" | "diag" | "bus"
+
+    def x0(self, n: int) -> int:
+        return 1 + self.slot * n + (self.slots * n - self.width if self.west else 0)
+
+    def y0(self, n: int) -> int:
+        return 1 + self.band * n
+
+
+@dataclass
+class Mapping:
+    """Everything the passes decide."""
+
+    dec: Decoder
+    geo: Geometry
+    items: list
+    embed_cols: list  # [(m, vb)] per table
+    head_cols: tuple
+    bands: int
+    predicted: dict = field(default_factory=dict)  # part -> cycles
+
+
+# ---------------------------------------------------------------------------------------------
+# choose and place
+
+def _snake(items: list, per_band: int) -> int | None:
+    """Set every item's band and slot (module docstring); the bands used, or None."""
+    band, direction, edge = 0, 1, 0  # edge: the next free slot (east) or one past it (west)
+    for k, it in enumerate(items):
+        if it.slots > per_band:
+            return None
+        if direction > 0 and edge + it.slots <= per_band:
+            it.band, it.slot = band, edge
+            edge += it.slots
+            it.handoff_in = "east" if k > 1 else ("bus" if k == 1 else "")
+        elif direction < 0 and edge - it.slots >= 0:
+            it.band, it.slot = band, edge - it.slots
+            edge -= it.slots
+            it.handoff_in = "west"
+        else:
+            if k == 0 or items[k - 1].kind == "embed":
+                return None
+            prev = items[k - 1]
+            band += 1
+            direction = -direction
+            if direction < 0:  # under the previous item, growing west
+                end = prev.slot + prev.slots
+                if end - it.slots < 0 or it.slots < prev.slots:
+                    return None
+                it.band, it.slot = band, end - it.slots
+                edge = it.slot
+            else:
+                if prev.slot + it.slots > per_band or it.slots < prev.slots:
+                    return None
+                it.band, it.slot = band, prev.slot
+                edge = prev.slot + it.slots
+            it.handoff_in = "diag"
+        it.west = direction < 0
+    return band + 1
+
+
+def _layer_sram(geo: Geometry, dtype: str, biases: bool) -> int:
+    wb = WEIGHT_BYTES[dtype]
+    bufs = 4 * (3 * geo.K + geo.Mqkv + 1 + geo.M1 + 2) + 2 * geo.K * wb * 2
+    return (CODE_BYTES + map_gemv.tile_bytes(geo, wb, biases)
+            + map_attention.cache_bytes(geo, wb) + map_attention.buffer_bytes(geo) + bufs)
+
+
+def _arrange(dec: Decoder, geo: Geometry, machine, dtype: str, exact: bool) -> Mapping | None:
+    n, K = geo.n, geo.K
+    wb = WEIGHT_BYTES[dtype]
+    embed_cols = []
+    for _, ref, _ in dec.tables:
+        m, vb = map_embedding.columns(ref.shape[0], K, wb, exact)
+        if m == 0:
+            return None
+        embed_cols.append((m, vb))
+    head = map_head.columns(dec.vocab, K, wb, exact, at_least=n)
+    if head[0] == 0:
+        return None
+    ew = sum(m for m, _ in embed_cols)
+    items = [Item("embed", -1, ew, -(-ew // n))]
+    items += [Item("layer", k, n, 1) for k in range(len(dec.layers))]
+    items.append(Item("head", len(dec.layers), head[0], -(-head[0] // n)))
+    per_band = (machine.width - 1) // n
+    bands = _snake(items, per_band)
+    if bands is None or 1 + bands * n > machine.height:
+        return None
+    return Mapping(dec, geo, items, embed_cols, head, bands)
+
+
+def choose(dec: Decoder, machine, dtype: str, exact: bool, grid: int | None = None) -> Mapping:
+    """The fastest grid side whose layer fits a PE's SRAM and whose grids fit the fabric
+    (only `grid` when given)."""
+    biases = dec.family == "gpt2"
+    best = None
+    sides = grid_sides(dec)
+    if grid is not None:
+        if grid not in sides:
+            raise CompileError(f"grid {grid} does not suit the model's shapes (sides that do: "
+                               f"{', '.join(map(str, sides))})")
+        sides = [grid]
+    for n in sides:
+        geo = geometry(dec, n)
+        need = _layer_sram(geo, dtype, biases)
+        if need > machine.sram_bytes:
+            continue
+        mp = _arrange(dec, geo, machine, dtype, exact)
+        if mp is None:
+            continue
+        mp.predicted = predict(mp, machine, dtype)
+        total = sum(mp.predicted.values())
+        if best is None or total < best[0]:
+            best = (total, mp)
+    if best is None:
+        raise CompileError(_refusal(dec, machine, dtype, exact, biases))
+    return best[1]
+
+
+def _refusal(dec, machine, dtype, exact, biases) -> str:
+    """One line: why no grid fits, and the largest max_context that would."""
+    fit = 0
+    for n in grid_sides(dec):
+        lo, hi = 0, dec.max_context
+        while lo < hi:  # the largest context whose layer fits SRAM
+            mid = (lo + hi + 1) // 2
+            if _layer_sram(geometry(dec, n, mid), dtype, biases) <= machine.sram_bytes:
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo and _arrange(dec, geometry(dec, n, lo), machine, dtype, exact) is not None:
+            fit = max(fit, lo)
+    if fit:
+        return (f"max_context {dec.max_context} does not fit machine '{machine.name}' "
+                f"({machine.width} x {machine.height} PEs, {machine.sram_bytes} bytes each): "
+                f"max_context {fit} would fit (--max-context {fit})")
+    sides = [n for n in grid_sides(dec)
+             if _layer_sram(geometry(dec, n), dtype, biases) <= machine.sram_bytes]
+    if not sides:
+        return (f"no grid of the model's layers fits a PE's {machine.sram_bytes} bytes on machine "
+                f"'{machine.name}' at any context (use 16-bit weights or a machine with more "
+                f"SRAM a PE)")
+    n = sides[0]
+    pes = len(dec.layers) * n * n
+    have = machine.width * machine.height
+    per_wafer = max(1, ((machine.width - 1) // n) * ((machine.height - 1) // n) - 2)
+    weights = sum(m.out * m.ref.shape[-1] for layer in dec.layers
+                  for m in layer.qkv + [layer.o] + layer.mlp1 + [layer.down])
+    return (f"model needs {pes} PEs ({len(dec.layers)} layers on {n} x {n} grids, "
+            f"{weights * WEIGHT_BYTES[dtype] / 1e9:.2f} GB of layer weights; embedding and head "
+            f"more) but machine '{machine.name}' is {machine.width} x {machine.height} ({have} "
+            f"PEs): it would fit {-(-len(dec.layers) // per_wafer)} such wafers, its layers "
+            f"split between them")
+
+
+# ---------------------------------------------------------------------------------------------
+# the cost model
+
+def predict(mp: Mapping, machine, dtype: str) -> dict:
+    """Predicted cycles of each part of a decode step, in series: the embedding, every
+    layer, the head. A layer is the sum of its PE's local ops and its line collectives (the
+    same code every PE runs, isa.compiler.predict), plus its hand-off."""
+    geo, dec = mp.geo, mp.dec
+    dry = _DryRun(geo, dtype, machine, bool(dec.rope_theta), dec.family == "gpt2")
+    layer = dec.layers[0]
+    _layer_body(dry, layer, receive=None, send=None)
+    body = dry.total()
+    out = {"embed": map_embedding.cycles(dry.cost, geo.K)}
+    for it in mp.items:
+        if it.kind == "layer":
+            hand = dry.cost.send(geo.K, geo.n) + dry.cost.scalar(6)
+            if it.handoff_in == "diag":
+                hand += dry.cost.send(geo.K, 2 * geo.n)
+            out[f"layer {it.index}"] = body + hand
+    hd = _DryRun(geo, dtype, machine, False, False)
+    map_elementwise.norm(hd, dec.final_norm, 0, 0, {p: 0 for p in dec.final_norm.params})
+    m, vb = mp.head_cols
+    hd.charge("lm head", hd.cost.mat(vb, geo.K, 1, dtype, "f32"))
+    hd.charge("lm head reduce", line_cycles(machine, geo.n, vb, broadcast=False))
+    out["head"] = hd.total() + dry.cost.send(geo.K, geo.n)
+    return out
+
+
+class _NoCode:
+    """A RegionBuilder stand-in for the cost model's dry run: every call does nothing."""
+
+    def __getattr__(self, name):
+        return lambda *a, **k: None
+
+
+class _Ctx:
+    """What the strategies need while emitting one grid's code (or pricing it)."""
+
+    def __init__(self, geo, dtype, machine, rope: bool, biases: bool):
+        self.geo, self.dtype, self.machine = geo, dtype, machine
+        self.cost = Cost(machine)
+        self.rope, self.biases = rope, biases
+        self.col = LineKind("column", geo.n, COL, "r14", ("r3", "r4", "r5", "r6"))
+        self.row = LineKind("row", geo.n, ROW, "r13")
+        self.seg = LineKind("row", geo.s, SEG, "r12")
+        self.colors = {"mask": MASK, "rope": ROPE}
+        self.bufs: dict = {}
+        self.charges: list = []
+        self.labels = Labels()
+
+    def charge(self, what: str, cycles: int) -> None:
+        self.charges.append((what, cycles))
+
+    def allreduce(self, line, buf, n, op="add", what="allreduce", broadcast=True) -> None:
+        allreduce(self.rb, self.labels, line, buf, n, op, broadcast)
+        self.charge(what, line_cycles(self.machine, line.length, n, broadcast))
+
+    def buf(self, name):
+        return self.bufs[name]
+
+    def total(self) -> int:
+        return sum(c for _, c in self.charges)
+
+    def error(self, msg):
+        return CompileError(msg)
+
+
+class _DryRun(_Ctx):
+    def __init__(self, geo, dtype, machine, rope, biases):
+        super().__init__(geo, dtype, machine, rope, biases)
+        self.rb = _NoCode()
+        self.shape_only = True
+        self.bufs = _Zero()
+
+
+class _Zero(dict):
+    def __missing__(self, key):
+        return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# codegen of one layer grid
+
+def _layer_body(ctx, layer, receive, send) -> None:
+    """The code of a layer's PEs after their buffers exist (module docstrings of the
+    strategies): norm, q/k/v, RoPE, attention, o, residual, norm, MLP, residual."""
+    geo, b = ctx.geo, ctx.bufs
+    params = b["params"] if "params" in b else {p: 0 for p in layer.norm1.params
+                                                  + layer.norm2.params}
+    if receive is not None:
+        receive()
+    map_elementwise.norm(ctx, layer.norm1, b["x"], b["xn"], params)
+    map_gemv.product(ctx, "q/k/v", b["wqkv"], geo.Mqkv, geo.K, b["xn"], b["qkv"], ctx.col,
+                     b["bqkv"] if ctx.biases else None)
+    if ctx.rope:
+        map_attention.rope(ctx, b["qkv"])
+    map_attention.attend(ctx, layer, b["qkv"])
+    map_gemv.product(ctx, "o", b["wo"], geo.K, geo.Mq, b["ao"], b["y"], ctx.row,
+                     b["bo"] if ctx.biases else None)
+    map_elementwise.residual_add(ctx, b["x"], b["y"])
+    map_elementwise.norm(ctx, layer.norm2, b["x"], b["xn"], params)
+    map_gemv.product(ctx, "mlp in", b["w1"], geo.M1, geo.K, b["xn"], b["gu"], ctx.col,
+                     b["b1"] if ctx.biases else None)
+    if layer.activation:
+        map_elementwise.activation(ctx, layer.activation, b["gu"], geo.F)
+    if layer.swiglu:
+        map_elementwise.swiglu(ctx, b["gu"], geo.F)
+    map_gemv.product(ctx, "down", b["wd"], geo.K, geo.F, b["gu"], b["y"], ctx.row,
+                     b["bd"] if ctx.biases else None)
+    map_elementwise.residual_add(ctx, b["x"], b["y"])
+    if send is not None:
+        send()
+
+
+class _Emitter:
+    """Codegen of every grid and source of a Mapping into a ProgramBuilder."""
+
+    def __init__(self, pb: ProgramBuilder, mp: Mapping, machine, dtype, shape_only, weights):
+        self.pb, self.mp, self.machine = pb, mp, machine
+        self.dtype, self.shape_only, self.weights = dtype, shape_only, weights
+        self.geo = mp.geo
+        self.n = mp.geo.n
+        self.declared: set = set()
+        self.stages: list = []  # region metadata, in region order
+        pb.tensor("default_position_ids", np.zeros(1, dtype=np.int32))
+
+    def region(self, kind: str, name: str, layer: int, x, y, w, h):
+        sid = len(self.stages)
+        self.stages.append(dict(name=name, kind=kind, layer=layer, rect=(x, y, w, h)))
+        return self.pb.region(f"s{sid}.{name}", x, y, w, h)
+
+    def ctx(self, rb):
+        c = _Ctx(self.geo, self.dtype, self.machine, bool(self.mp.dec.rope_theta),
+                 self.mp.dec.family == "gpt2")
+        c.rb, c.shape_only, c.weights = rb, self.shape_only, self.weights
+        c.graph, c.declared = self.mp.dec.plan.graph, self.declared
+        return c
+
+    def position_regs(self, rb, it, flags: bool = True) -> None:
+        n = self.n
+        rb.li("r1", it.x0(n))
+        rb.sub("r13", "GX", "r1")
+        rb.li("r1", it.y0(n))
+        rb.sub("r14", "GY", "r1")
+        rb.li("r1", self.geo.s)
+        rb.rem("r12", "r13", "r1")
+        if flags:  # the column allreduces (six a layer) dispatch on precomputed flags
+            setup_flags(rb, LineKind("column", n, COL, "r14", ("r3", "r4", "r5", "r6")))
+
+    # -- hand-offs ---------------------------------------------------------------------------
+
+    def receiver(self, ctx, it, k: int):
+        """The code that fills x (K elements) at the start of item k."""
+        rb, K, n = ctx.rb, self.geo.K, self.n
+        x = ctx.bufs["x"]
+        color = HANDOFF[it.index % 2]  # layer l (and the head, l = layers) receives on it
+
+        def recv(buf, c):
+            rb.dmem("d1", "f32", buf, K)
+            rb.dfin("d2", "f32", c, K)
+            rb.vmov("d1", "d2")
+
+        def emit():
+            if it.handoff_in == "diag":
+                prev = self.mp.items[k - 1]
+                off = prev.x0(n) - it.x0(n)
+                other, done = ctx.labels("not_diag"), ctx.labels("received")
+                rb.sub("r1", "r13", "r14")
+                rb.li("r2", off)
+                rb.bne("r1", "r2", other)
+                recv(x, DIAG)
+                rb.dmem("d1", "f32", x, K)
+                rb.dfout("d2", "f32", color, K)
+                rb.vmov("d2", "d1")
+                rb.jmp(done)
+                rb.label(other)
+                recv(x, color)
+                rb.label(done)
+            else:
+                recv(x, color)
+                if it.handoff_in == "bus" and len(self.mp.dec.tables) > 1:
+                    recv(ctx.bufs["y"], WPE)
+                    map_elementwise.residual_add(ctx, x, ctx.bufs["y"])
+            ctx.charge("hand-off", ctx.cost.scalar(6) + ctx.cost.op("move", K))
+        return emit
+
+    def sender(self, ctx, it, k: int):
+        rb, K, n = ctx.rb, self.geo.K, self.n
+        nxt = self.mp.items[k + 1]
+        x = ctx.bufs["x"]
+
+        def emit():
+            skip = ctx.labels("no_send")
+            if nxt.handoff_in == "diag":
+                rb.bne("r13", "r14", skip)
+                color = DIAG
+            else:
+                edge = n - 1 if nxt.handoff_in == "east" else 0
+                rb.li("r1", edge)
+                rb.bne("r13", "r1", skip)
+                color = HANDOFF[(it.index + 1) % 2]
+            rb.dmem("d1", "f32", x, K)
+            rb.dfout("d2", "f32", color, K)
+            rb.vmov("d2", "d1")
+            rb.label(skip)
+        return emit
+
+    # -- grids -------------------------------------------------------------------------------
+
+    def layer(self, it, k: int) -> None:
+        geo, n, dtype = self.geo, self.n, self.dtype
+        layer = self.mp.dec.layers[it.index]
+        rb = self.region("layer", f"layers.{it.index}", it.index, it.x0(n), it.y0(n), n, n)
+        ctx = self.ctx(rb)
+        wb = WEIGHT_BYTES[dtype]
+        K = geo.K
+        b = ctx.bufs
+        for name, nbytes in (("x", K * 4), ("xn", K * 4), ("y", K * 4),
+                             ("qkv", (geo.Mqkv + 1) * 4), ("gu", geo.M1 * 4), ("scalar", 8),
+                             ("wqkv", geo.Mqkv * K * wb), ("wo", K * geo.Mq * wb),
+                             ("w1", geo.M1 * K * wb), ("wd", K * geo.F * wb)):
+            b[name] = rb.alloc(name, nbytes)
+        if ctx.biases:
+            for name, nbytes in (("bqkv", geo.Mqkv), ("bo", K), ("b1", geo.M1), ("bd", K)):
+                b[name] = rb.alloc(name, nbytes * 4)
+        rb.init(b["qkv"] + 4 * geo.Mqkv, "f32", [1.0])  # the V cache's constant row
+        map_attention.alloc(ctx, rb)
+        params: dict = {}
+        map_elementwise.load_norm(ctx, rb, layer.norm1, params)
+        map_elementwise.load_norm(ctx, rb, layer.norm2, params)
+        b["params"] = params
+        map_gemv.load_qkv(ctx, rb, layer.qkv, b["wqkv"], b.get("bqkv"))
+        map_gemv.load_o(ctx, rb, layer.o, b["wo"], b.get("bo"))
+        map_gemv.load_mlp1(ctx, rb, layer.mlp1, b["w1"], b.get("b1"))
+        map_gemv.load_down(ctx, rb, layer.down, b["wd"], b.get("bd"))
+        self.position_regs(rb, it)
+        _layer_body(ctx, layer, self.receiver(ctx, it, k), self.sender(ctx, it, k))
+        rb.halt()
+
+    def head(self, it, k: int) -> None:
+        geo, n, dtype = self.geo, self.n, self.dtype
+        dec = self.mp.dec
+        m, vb = self.mp.head_cols
+        rb = self.region("head", "head", len(dec.layers), it.x0(n), it.y0(n), m, n)
+        ctx = self.ctx(rb)
+        K, b = geo.K, ctx.bufs
+        for name, nbytes in (("x", K * 4), ("xn", K * 4), ("y", K * 4), ("scalar", 8),
+                             ("logits", vb * 4), ("w", vb * K * WEIGHT_BYTES[dtype])):
+            b[name] = rb.alloc(name, nbytes)
+        params: dict = {}
+        map_elementwise.load_norm(ctx, rb, dec.final_norm, params)
+        map_head.load(ctx, rb, dec.head.ref, b["w"], vb, K, m)
+        ctx.col = LineKind("column", n, COL, "r14")
+        self.position_regs(rb, it, flags=False)
+        self.receiver(ctx, it, k)()
+        map_elementwise.norm(ctx, dec.final_norm, b["x"], b["xn"], params)
+        rb.dmem("d0", dtype, b["w"], vb)
+        rb.d2d("d0", K, vb)
+        rb.dmem("d1", "f32", b["xn"], K)
+        rb.dmem("d2", "f32", b["logits"], vb)
+        rb.mv("d2", "d0", "d1")
+        ctx.allreduce(ctx.col, b["logits"], vb, broadcast=False)
+        map_head.pieces(rb, "logits", b["logits"], dec.vocab, vb, m, ctx.col.root)
+        rb.halt()
+
+    def embed(self, it) -> None:
+        n = self.n
+        x = it.x0(n)
+        for t, ((wname, ref, index), (m, vb)) in enumerate(zip(self.mp.dec.tables,
+                                                                 self.mp.embed_cols)):
+            color = HANDOFF[0] if t == 0 else WPE
+            rb_name = f"embed.{wname}"
+            sid = len(self.stages)
+            self.stages.append(dict(name=rb_name, kind="embed", layer=-1,
+                                    rect=(x, it.y0(n), m, n)))
+            ctx = self.ctx(None)
+            map_embedding.emit(ctx, self.pb, f"s{sid}.{rb_name}", ref, index, x, it.y0(n), m,
+                               vb, self.geo.K, color, "default_position_ids")
+            x += m
+
+    def sources(self) -> None:
+        """The mask sources (column 0 beside every band with layers) and the RoPE sources
+        (row 0 above every lattice slot with layers)."""
+        n = self.n
+        layers = [it for it in self.mp.items if it.kind == "layer"]
+        ctx = self.ctx(None)
+        for band in sorted({it.band for it in layers}):
+            sid = len(self.stages)
+            self.stages.append(dict(name=f"mask.{band}", kind="source", layer=-1,
+                                    rect=(0, 1 + band * n, 1, n)))
+            map_attention.mask_source(ctx, self.pb, f"s{sid}.mask.{band}", 1 + band * n,
+                                      self.geo, MASK, "default_position_ids")
+        if self.mp.dec.rope_theta:
+            for slot in sorted({it.slot for it in layers}):
+                sid = len(self.stages)
+                self.stages.append(dict(name=f"rope.{slot}", kind="source", layer=-1,
+                                        rect=(1 + slot * n, 0, n, 1)))
+                map_attention.rope_source(ctx, self.pb, f"s{sid}.rope.{slot}", 1 + slot * n,
+                                          self.geo, self.mp.dec.rope_theta, ROPE,
+                                          "default_position_ids")
+
+
+# ---------------------------------------------------------------------------------------------
+# routes
+
+def route(pb, mp: Mapping) -> int:
+    """Every route rule of the mapping (module docstring); returns their count."""
+    n, geo = mp.geo.n, mp.geo
+    count = 0
+
+    def add(x, y, w, h, color, rx, tx):  # empty rectangles (no PE between two grids) skipped
+        nonlocal count
+        if w > 0 and h > 0:
+            count += 1
+            pb.route(x, y, w, h, color, rx, tx)
+    col = LineKind("column", n, COL, "r14")
+    row = LineKind("row", n, ROW, "r13")
+    seg = LineKind("row", geo.s, SEG, "r12")
+    items = mp.items
+    for k, it in enumerate(items):
+        x0, y0 = it.x0(n), it.y0(n)
+        if it.kind == "layer":
+            routes(add, col, x0, y0, n, n)
+            routes(add, row, x0, y0, n, n)
+            routes(add, seg, x0, y0, n, n)
+        elif it.kind == "head":
+            routes(add, col, x0, y0, mp.head_cols[0], n, broadcast=True)
+        if it.kind == "embed":
+            continue
+        # the hand-off into this item
+        w = n if it.kind == "layer" else mp.head_cols[0]
+        color = HANDOFF[it.index % 2]
+        prev = items[k - 1]
+        if it.handoff_in == "bus":
+            ex = prev.x0(n)
+            for t, (m, _) in enumerate(mp.embed_cols):
+                c = HANDOFF[0] if t == 0 else WPE
+                add(ex, y0, 1, n, c, "RAMP", "E")
+                add(ex + 1, y0, m - 1, n, c, "W|RAMP", "E")
+                after = ex + m
+                add(after, y0, x0 - after, n, c, "W", "E")  # through the later tables
+                add(x0, y0, w - 1, n, c, "W", "E|RAMP")
+                add(x0 + w - 1, y0, 1, n, c, "W", "RAMP")
+                ex = after
+        elif it.handoff_in == "east":
+            add(x0 - 1, y0, 1, n, color, "RAMP", "E")
+            add(x0, y0, w - 1, n, color, "W", "E|RAMP")
+            add(x0 + w - 1, y0, 1, n, color, "W", "RAMP")
+        elif it.handoff_in == "west":
+            add(x0 + w, y0, 1, n, color, "RAMP", "W")
+            add(x0 + 1, y0, w - 1, n, color, "E", "W|RAMP")
+            add(x0, y0, 1, n, color, "E", "RAMP")
+        else:  # diag: PE (r, r) of the grid above sends down to row r, which spreads it
+            px, py = prev.x0(n), prev.y0(n)
+            for q in range(n):
+                x = px + q
+                add(x, py + q, 1, 1, DIAG, "RAMP", "S")
+                add(x, py + q + 1, 1, y0 + q - py - q - 1, DIAG, "N", "S")
+                add(x, y0 + q, 1, 1, DIAG, "N", "RAMP")
+                west, east = x - x0, x0 + w - 1 - x
+                tx = "|".join((["W"] if west else []) + (["E"] if east else []))
+                if tx:
+                    add(x, y0 + q, 1, 1, color, "RAMP", tx)
+                if west:
+                    add(x0 + 1, y0 + q, west - 1, 1, color, "E", "W|RAMP")
+                    add(x0, y0 + q, 1, 1, color, "E", "RAMP")
+                if east:
+                    add(x + 1, y0 + q, east - 1, 1, color, "W", "E|RAMP")
+                    add(x0 + w - 1, y0 + q, 1, 1, color, "W", "RAMP")
+    # the mask bus: along every row of a band, from column 0 through its layer grids
+    layers = [it for it in items if it.kind == "layer"]
+    for band in sorted({it.band for it in layers}):
+        y0 = 1 + band * n
+        xs = sorted(it.x0(n) for it in layers if it.band == band)
+        last = xs[-1] + n - 1
+        add(0, y0, 1, n, MASK, "RAMP", "E")
+        x = 1
+        for gx in xs:
+            add(x, y0, gx - x, n, MASK, "W", "E")
+            stop = n if gx + n - 1 < last else n - 1
+            add(gx, y0, stop, n, MASK, "W", "E|RAMP")
+            x = gx + stop
+        add(last, y0, 1, n, MASK, "W", "RAMP")
+    if mp.dec.rope_theta:  # the RoPE bus: down every column of a slot from row 0
+        for slot in sorted({it.slot for it in layers}):
+            x0 = 1 + slot * n
+            ys = sorted(it.y0(n) for it in layers if it.slot == slot)
+            last = ys[-1] + n - 1
+            add(x0, 0, n, 1, ROPE, "RAMP", "S")
+            y = 1
+            for gy in ys:
+                add(x0, y, n, gy - y, ROPE, "N", "S")
+                stop = n if gy + n - 1 < last else n - 1
+                add(x0, gy, n, stop, ROPE, "N", "S|RAMP")
+                y = gy + stop
+            add(x0, last, n, 1, ROPE, "N", "RAMP")
+    return count
+
+
+# ---------------------------------------------------------------------------------------------
+# the pipeline
+
+def compile_decode(plan: Plan, machine, dtype: str, shape_only: bool, base_dir, name: str,
+                   dump=(), out=None, grid: int | None = None):
+    """The decode mapping of a one-position decoder plan: (Program, CompileReport)."""
+    # extract: the plan's layers as named parts (NotADecoder: use the stage chain)
+    dec = extract(plan)
+    if machine.colors < COLORS_NEEDED:
+        from wse_emu.isa.compiler.decoder import NotADecoder
+        raise NotADecoder(f"machine has {machine.colors} colors, the mapping needs "
+                          f"{COLORS_NEEDED}")
+    # choose: the grid side n with the lowest predicted cycles that fits SRAM and fabric
+    mp = choose(dec, machine, dtype, exact=not shape_only, grid=grid)
+    pb = ProgramBuilder(name)
+    pb.input("input_ids", "i32", (1,))
+    pb.input("position_ids", "i32", (1,))
+    pb.output("logits", "f32", (1, dec.vocab))
+    # route: allreduce lines, hand-offs, the mask and RoPE buses
+    rules = route(pb, mp)
+    if "routes" in dump:
+        print(f"{rules} route rules", file=out)
+    # codegen: one region a grid through the strategies, then the sources
+    em = _Emitter(pb, mp, machine, dtype, shape_only, Weights(pb, base_dir))
+    for k, it in enumerate(mp.items):
+        if it.kind == "embed":
+            em.embed(it)
+        elif it.kind == "layer":
+            em.layer(it, k)
+        else:
+            em.head(it, k)
+    em.sources()
+    if "placement" in dump:
+        print(format_mapping(mp, em.stages), file=out)
+    # pack
+    return _pack(pb, mp, em.stages, machine, dtype, name)
+
+
+def _pack(pb, mp: Mapping, stages: list, machine, dtype: str, name: str):
+    dec = mp.dec
+    pb.meta("compiler", {"family": dec.family, "machine": machine.name, "dtype": dtype,
+                         "max_context": dec.max_context, "vocab": dec.vocab,
+                         "hidden": dec.hidden, "layers": len(dec.layers),
+                         "mapping": "wafer", "grid": mp.geo.n,
+                         "predicted_cycles": mp.predicted,
+                         "stages": [dict(s, rect=list(s["rect"])) for s in stages]})
+    try:
+        program = pb.build()
+    except BuildError as e:
+        raise CompileError(f"internal: the generated program is invalid: {e}") from None
+    parts: dict = {}
+    for k, st in enumerate(stages):
+        name = "sources" if st["kind"] == "source" else part_name(st["layer"], len(dec.layers))
+        entry = parts.setdefault(name, [name, st["layer"], [], mp.predicted.get(name, 0)])
+        entry[2].append(f"s{k}.{st['name']}")
+    program = with_model(program, dec.plan.graph.config, "mesh", "wafer", machine, dtype, 1,
+                         list(parts.values()))
+    sram = program.regions_sram_bytes()
+    worst = max(range(len(sram)), key=lambda i: sram[i])
+    if sram[worst] > machine.sram_bytes:
+        raise CompileError(f"region '{program.regions[worst].name}' needs {sram[worst]} bytes of "
+                           f"SRAM per PE but machine '{machine.name}' has {machine.sram_bytes}: "
+                           f"use a smaller max_context or 16-bit weights")
+    by_stage = {}
+    for r, b in zip(program.regions, sram):
+        by_stage[int(r.name[1:].split(".", 1)[0])] = b
+    for i, s in enumerate(stages):
+        s["sram"] = by_stage.get(i, 0)
+    pes = sum(r.rect.size for r in program.regions)
+    box = program.bounding_box()
+    report = CompileReport(
+        model=name, machine=machine.name, dtype=dtype, max_context=dec.max_context,
+        fabric=(box.w, box.h), pes=pes, sram_max=max(sram),
+        sram_mean=sum(b * r.rect.size for b, r in zip(sram, program.regions)) / pes,
+        colors=program.colors_used(), stages=stages, predicted=dict(mp.predicted),
+        grid=mp.geo.n)
+    return program, report
+
+
+def format_mapping(mp: Mapping, stages: list) -> str:
+    g = mp.geo
+    lines = [f"grid {g.n} x {g.n} a layer (K = {g.K}, {g.s} columns a KV head, {g.D} head dims "
+             f"a column, {g.S} cache slots a PE), {mp.bands} bands of {g.n} rows"]
+    hand = {(it.kind, it.index): it.handoff_in for it in mp.items}
+    for k, s in enumerate(stages):
+        x, y, w, h = s["rect"]
+        kind = "layer" if s["kind"] == "layer" else s["kind"]
+        how = hand.get((kind, s["layer"]), "")
+        lines.append(f"  #{k} {s['name']:<30} at ({x}, {y}) {w} x {h}"
+                     + (f", residual in by {how}" if how else ""))
+    return "\n".join(lines)
