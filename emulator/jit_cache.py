@@ -27,7 +27,8 @@ CACHED = ("*.nbi", "*.nbc")  # Numba's index and machine code files
 def jitted_sources(root: Path = ROOT) -> list[Path]:
     """Every source whose code or constants can end up in cached machine code."""
     return sorted({*root.glob("kernels/*.py"), *root.glob("emulator/core*.py"),
-                   root / "emulator" / "result.py", root / "isa" / "spec.py"})
+                   root / "emulator" / "result.py", root / "isa" / "spec.py",
+                   root / "isa" / "costs.py"})
 
 
 def sources_digest(root: Path = ROOT) -> str:

@@ -10,8 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# tests/compiler/ still imports torch unconditionally in several files (to be made to skip too)
-PATHS = ["tests", "programs", "bench", "--ignore=tests/compiler"]
+PATHS = ["tests", "programs", "bench"]
 
 WITHOUT_TORCH = """
 import importlib.abc, sys

@@ -92,6 +92,8 @@ def gemv_bar(tmp_path_factory, wse):
     np.save(root / "W.npy", W)
     np.save(root / "x.npy", x)
     asm = wse("asm", GEMV_WSA, "-D", "M=512", "-D", "K=512", "-D", "P=8", "-D", "Q=8",
+              # the plain chain layout: x from row 0, y in the last column, chain reduce
+              "-D", "XROW=0", "-D", "YCOL=7", "-D", "FORM=1",
               "--data", "W=W.npy", "-o", "g.bin", cwd=root)
     return {"root": root, "W": W, "x": x, "bin": root / "g.bin", "asm": asm}
 

@@ -87,7 +87,8 @@ def test_every_case_runs_and_its_times_agree(bench):
         f = bench.cases[model, MESH]["figures"]
         assert f["layer_time_measured"] and len(f["layer_seconds"]) == 2
         assert sum(f["critical_path_seconds"].values()) == pytest.approx(f["seconds_per_token"])
-        assert set(f["critical_path_seconds"]) == {"embed", "vector", "gemv", "attn", "head"}
+        assert set(f["critical_path_seconds"]) in ({"embed", "vector", "gemv", "attn", "head"},
+                                                  {"embed", "layer", "head", "source"})
 
 
 def test_flops_and_weight_bytes_are_counted_from_the_shapes(bench):

@@ -54,7 +54,7 @@ def test_run_json_reports_cycles_time_and_work(bar_run):
     cycles = d["cycles"]
     assert isinstance(cycles, int)
     m = load_machine("wse3")
-    mv = m.issue_overhead + MT * KT // m.simd_width("fmac_f32")
+    mv = KT * (m.issue_overhead + MT // m.simd_width("fmac_f32"))  # one column op a column
     per_hop = m.hop_latency + 2 * m.ramp_latency + m.issue_overhead
     # the x multicast and the streamed row reduction add about KT + P hops and MT + Q hops on
     # top of the mv; forwarding whole vectors hop by hop would add (Q - 1) * MT

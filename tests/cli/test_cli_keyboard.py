@@ -225,7 +225,9 @@ def test_generate_from_a_position_times_the_step_a_prefill_would_reach(model, cl
     assert json.loads(run.stdout)["cycles"] == b["cycles_per_token"][0]
     early = cli("generate", "s.bin", "--timing-only", "--position", "0", "--tokens", "1",
                 "--json", cwd=model)
-    assert json.loads(early.stdout)["cycles_per_token"][0] < b["cycles_per_token"][0]
+    # the wafer mapping's step costs the slots a PE holds, not the position: never more early
+    assert early.code == 0, early.stderr
+    assert json.loads(early.stdout)["cycles_per_token"][0] <= b["cycles_per_token"][0]
 
 
 def test_position_needs_timing_only(model, cli, user_error):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+torch = pytest.importorskip("torch")
 from safetensors.numpy import load_file, save_file
 
 from tests.graph.hf_models import load_torch, make_bert, make_gpt2, make_llama

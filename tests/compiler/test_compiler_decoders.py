@@ -6,7 +6,7 @@ with the KV cache resident in SRAM; prefill feeds the prompt token by token.
 
 import numpy as np
 import pytest
-import torch
+torch = pytest.importorskip("torch")
 
 from wse_emu.emulator.generate import Generator
 from wse_emu.emulator.load import LoadError

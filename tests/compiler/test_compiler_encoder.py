@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-import torch
+torch = pytest.importorskip("torch")
 
 from wse_emu.emulator.api import execute
 from wse_emu.emulator.generate import Generator

@@ -14,7 +14,7 @@ import json
 
 import numpy as np
 import pytest
-import torch
+torch = pytest.importorskip("torch")
 
 import wse_emu.isa.compiler.hbm as hbm
 from wse_emu.emulator.generate import Generator

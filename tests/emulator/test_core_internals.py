@@ -356,7 +356,7 @@ def test_send_hints_name_each_pes_first_route_and_its_first_receiver():
     gemv, row 0 multicasts x down its column on color 0 (first receiver: the PE below), the
     other rows send their partial sums east on colors 1 and 2, and the last column of rows
     1 and 2 sends nothing."""
-    ld = load(build("gemv", {"W": np.ones((6, 6), np.float32)}, M=6, K=6, P=3, Q=3),
+    ld = load(build("gemv", {"W": np.ones((6, 6), np.float32)}, M=6, K=6, P=3, Q=3, XROW=0, YCOL=2, FORM=1),
               load_machine("wse3"))
     hint = static(ld).send_hint
     colors = ld.colors

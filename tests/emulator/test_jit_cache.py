@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def fake_checkout(root: Path) -> Path:
     """The folders the check reads, with one cached function in each cache folder."""
     for name in ("kernels/access.py", "emulator/core_sched.py", "emulator/result.py",
-                 "isa/spec.py", "isa/asm.py"):
+                 "isa/spec.py", "isa/costs.py", "isa/asm.py"):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(f"# {name}\n")
     cache_files(root)
@@ -42,7 +42,7 @@ def test_cache_is_dropped_exactly_when_a_jitted_source_changes(tmp_path):
     assert jit_cache.drop_stale(dirs, root) == []
     (root / "isa" / "asm.py").write_text("# not compiled into the core\n")
     assert jit_cache.drop_stale(dirs, root) == []
-    for edited in ("kernels/access.py", "isa/spec.py", "emulator/result.py"):
+    for edited in ("kernels/access.py", "isa/spec.py", "isa/costs.py", "emulator/result.py"):
         (root / edited).write_text("# edited\n")
         assert sorted(jit_cache.drop_stale(dirs, root)) == sorted(files)
         assert all((d / "m.cpython-311.pyc").is_file() for d in dirs)  # Python's own cache stays
