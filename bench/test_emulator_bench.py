@@ -19,7 +19,7 @@ import pytest
 from bench.conftest import best_of, record
 from wse_emu.emulator.core import run
 from wse_emu.emulator.load import load, write_input
-from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.machine import load_machine
 from programs.conftest import build
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -32,7 +32,7 @@ import pytest
 
 from bench.conftest import best_of, record
 from wse_emu.emulator.benchsuite import BUILTIN_MODELS
-from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.machine import load_machine
 from wse_emu.isa.compiler.pipeline import compile_model, load_graph
 from wse_emu.isa.graph_numpy import GraphRunner
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from wse_emu.emulator.load import Loaded, load, read_output, write_inputs
-from wse_emu.emulator.machine import Machine, load_machine
+from wse_emu.isa.machine import Machine, load_machine
 from wse_emu.emulator.result import RunResult
 from wse_emu.isa.program import Program
 

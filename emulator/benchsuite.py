@@ -435,7 +435,7 @@ def run_suite(models, machines, dtype: str = "bf16", max_context: int | None = N
 
     models: built-in names or HF config.json paths; machines: preset names, files or Machine
     objects. progress(done, total, label) is called as the cases advance (a progress bar)."""
-    from wse_emu.emulator.machine import load_machine
+    from wse_emu.isa.machine import load_machine
 
     if dtype not in DTYPE_BYTES:
         raise BenchError(f"dtype {dtype!r} is not supported (fp32, fp16, bf16)")

@@ -95,7 +95,7 @@ def user_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         from wse_emu.emulator.load import LoadError
-        from wse_emu.emulator.machine import MachineError
+        from wse_emu.isa.machine import MachineError
         from wse_emu.isa.compiler.lower import CompileError
         from wse_emu.isa.errors import AsmError, FormatError
         from wse_emu.isa.tensors import TensorError
@@ -202,7 +202,7 @@ def main():
 @main.command()
 def machines():
     """List the machine presets and their key figures."""
-    from wse_emu.emulator.machine import load_machine, preset_names
+    from wse_emu.isa.machine import load_machine, preset_names
 
     for name in preset_names():
         m = load_machine(name)
@@ -518,7 +518,7 @@ def run(binary, machine_name, inputs, dump_dir, as_json, trace_path, trace_cap, 
 def compile_cmd(model, output, machine_name, dtype, max_context, shape_only, dump, as_json):
     """Compile MODEL (an HF folder with config.json + model.safetensors, its config.json, or a
     *.graph.json)."""
-    from wse_emu.emulator.machine import load_machine
+    from wse_emu.isa.machine import load_machine
     from wse_emu.isa.binfmt import write_program
     from wse_emu.isa.compiler.pipeline import compile_model, model_source
     from wse_emu.isa.frontends.hf import checkpoint_dtype

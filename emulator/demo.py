@@ -57,7 +57,7 @@ def run_demo(machine_name: str = "wse3", tokens: int = 8, show: bool = False) ->
     from wse_emu.emulator.benchsuite import model_figures
     from wse_emu.emulator.generate import Generator
     from wse_emu.emulator.load import LoadError
-    from wse_emu.emulator.machine import load_machine
+    from wse_emu.isa.machine import load_machine
     from wse_emu.emulator.progress import compile_notice
     from wse_emu.isa.compiler.pipeline import compile_model
     from wse_emu.isa.graph_numpy import GraphRunner
@@ -115,7 +115,7 @@ def _hbm_baseline(model: Path, res, tokens: int, weights: int, wafer: str) -> bo
     the emulator beside the wafer: tokens/s, the same greedy ids, and the bandwidth floor no
     GPU program can beat (weight bytes / peak HBM bandwidth). True when the ids agree."""
     from wse_emu.emulator.generate import Generator
-    from wse_emu.emulator.machine import load_machine
+    from wse_emu.isa.machine import load_machine
     from wse_emu.isa.compiler.pipeline import compile_model
 
     gpu = load_machine("h100")

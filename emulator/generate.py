@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from wse_emu.emulator.load import LoadError, PageSnapshot, load, read_output, write_input
-from wse_emu.emulator.machine import Machine, load_machine
+from wse_emu.isa.machine import Machine, load_machine
 from wse_emu.emulator.result import RUN_HALTED
 from wse_emu.isa.program import Program
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wse_emu.emulator.machine import Machine
+from wse_emu.isa.machine import Machine
 from wse_emu.isa.encoding import decode_fields
 from wse_emu.isa.program import DIR_NAMES, DIR_RAMP, HbmInit, HbmPiece, Program, Rect, TileMap
 from wse_emu.isa.spec import BY_MNEMONIC, DTYPE_BYTES, DTYPE_NAMES, INSTR_BYTES, N_IREG_SLOTS, SPECIAL_IREGS
@@ -202,7 +202,7 @@ def program_machine(program: Program, name: str | None, what: str = "the program
     """The machine to run `program` on: `name` (a preset or a .toml file) when given, else the
     one it was compiled for, else DEFAULT_MACHINE. A compiled program given another machine
     explicitly is refused: its placement, SRAM budget and figures belong to its own."""
-    from wse_emu.emulator.machine import MachineError, load_machine
+    from wse_emu.isa.machine import MachineError, load_machine
 
     target = compiled_for(program)
     if name is None:

@@ -89,7 +89,7 @@ class Costs:
 
     @classmethod
     def of(cls, machine) -> "Costs":
-        """The costs of a machine preset (emulator.machine.Machine or anything with the same
+        """The costs of a machine preset (isa.machine.Machine or anything with the same
         four fields)."""
         return cls(int(machine.hop_latency), int(machine.ramp_latency),
                    int(machine.issue_overhead), int(machine.scalar_cycles),

@@ -21,6 +21,7 @@ from wse_emu.isa.compiler.pack import CompileReport, Weights, declare_symbols, p
 from wse_emu.isa.compiler.placement import DoesNotFit, Placed, place
 from wse_emu.isa.compiler.routing import route
 from wse_emu.isa.errors import BuildError
+from wse_emu.isa.machine import Machine
 from wse_emu.isa.graph import Graph, GraphError, bind_positions, format_graph, from_json, verify
 
 DTYPE_NAMES = {"f32": "f32", "fp32": "f32", "f16": "f16", "fp16": "f16", "bf16": "bf16"}
@@ -65,8 +66,8 @@ def compile_model(source, machine, dtype: str = "f32", max_context: int | None =
                   shape_only: bool = False, positions: int | None = None,
                   dump: tuple[str, ...] = (), dump_to=None, base_dir: str | None = None,
                   grid: int | None = None, mapping: str | None = None) -> tuple:
-    """Compile `source` for `machine` (an emulator.machine.Machine or any object with name,
-    width, height, colors and sram_bytes). Returns (Program, CompileReport); CompileError (one
+    """Compile `source` for `machine` (an isa.machine.Machine: a preset, a .toml file or a
+    system NAMExN of either). Returns (Program, CompileReport); CompileError (one
     line) when the model cannot be mapped or does not fit.
 
     positions = T, the positions one run processes: default 1 for decoders (one decode step
@@ -77,13 +78,13 @@ def compile_model(source, machine, dtype: str = "f32", max_context: int | None =
     `mapping`: "wafer" (decode steps of GPT-2 and Llama: layers on grids, isa/compiler/wafer.py)
     or "chain" (the stage chain: encoders, several positions a run, small machines); default
     the wafer mapping where it applies and fits, else the stage chain."""
-    if not all(hasattr(machine, k) for k in ("name", "width", "height", "colors", "sram_bytes")):
-        raise CompileError(f"machine must be a machine preset object (emulator.machine."
-                           f"load_machine), got {machine!r}")
+    if not isinstance(machine, Machine):
+        raise CompileError(f"machine must be an isa.machine.Machine (isa.machine.load_machine), "
+                           f"got {machine!r}")
     if dtype not in DTYPE_NAMES:
         raise CompileError(f"dtype {dtype!r} is not supported (fp32, fp16, bf16)")
     dtype = DTYPE_NAMES[dtype]
-    hbm_target = getattr(machine, "kind", "mesh") == "hbm"  # weights streamed from HBM
+    hbm_target = machine.kind == "hbm"  # weights streamed from HBM
     unknown = [d for d in dump if d not in DUMPS]
     if unknown:
         raise CompileError(f"cannot dump {unknown[0]!r} (passes: {', '.join(DUMPS)})")
@@ -185,8 +186,7 @@ def place_fastest(plan: Plan, machine, dtype: str, pad_last: bool) -> list[Place
     width of the weight dtype, plus CHAIN_CYCLES for every PE along the stage's rows and
     columns (P + Q)."""
     weights = sum(m.out * s.in_len for s in plan.stages for m in s.matrices)
-    width = machine.simd_width("fmac_f32" if dtype == "f32" else "fmac_mixed") \
-        if hasattr(machine, "simd_width") else 1
+    width = machine.simd_width("fmac_f32" if dtype == "f32" else "fmac_mixed")
     cap = 256
     while cap * machine.width * machine.height < weights:
         cap *= 2

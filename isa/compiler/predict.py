@@ -28,7 +28,7 @@ class Cost:
 
     def __init__(self, machine):
         self.m = machine
-        self.by_column = _by_column(getattr(machine, "kind", "mesh"))
+        self.by_column = _by_column(machine.kind)
 
     def width(self, cls: str, dtypes) -> int:
         return self.m.simd_width(simd_key(cls, tuple(DTYPES[d] for d in dtypes)))

@@ -5,7 +5,7 @@ import pytest
 
 from wse_emu.emulator.api import execute
 from wse_emu.emulator.load import LoadError
-from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.machine import load_machine
 from wse_emu.kernels.convert import bf16_to_f32_array, f32_to_bf16_array
 from programs.conftest import build, same_run
 

@@ -18,7 +18,7 @@ import pytest
 from wse_emu.emulator.benchreport import markdown, violations
 from wse_emu.emulator.benchsuite import (CONTEXT_LADDER, Case, ModelFigures, critical_path,
                                  machine_json, measure, model_figures)
-from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.machine import load_machine
 
 GPT2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 64, "n_layer": 2,
         "n_head": 4, "n_positions": 64, "vocab_size": 256, "activation_function": "gelu_new"}

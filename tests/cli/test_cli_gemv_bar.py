@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.machine import load_machine
 from wse_emu.isa.spec import COST_CLASSES
 
 WSE3_CLOCK_HZ = 1.1e9

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from wse_emu.emulator.machine import PRESET_DIR
+from wse_emu.isa.machine import PRESET_DIR
 
 OUTPUTS = ("--dump-dir", "out", "--trace", "t.json", "--plot", "p.png")
 

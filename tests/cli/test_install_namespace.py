@@ -34,7 +34,7 @@ def test_the_wheel_installs_only_the_wse_emu_namespace(tmp_path):
     for folder in FOLDERS:
         assert f"wse_emu/{folder}/spec.py" in names or any(
             n.startswith(f"wse_emu/{folder}/") and n.endswith(".py") for n in names)
-    assert "wse_emu/emulator/machines/wse3.toml" in names
+    assert "wse_emu/isa/machines/wse3.toml" in names
     entry = zipfile.ZipFile(wheel).read(
         next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "wse-emu = wse_emu.emulator.cli:main" in entry

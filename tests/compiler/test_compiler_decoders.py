@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from wse_emu.emulator.generate import Generator
 from wse_emu.emulator.load import LoadError
-from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.machine import load_machine
 from wse_emu.isa.binfmt import dumps
 from wse_emu.isa.compiler import compile_model
 from wse_emu.isa.compiler.pipeline import load_graph

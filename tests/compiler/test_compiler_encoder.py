@@ -7,7 +7,7 @@ torch = pytest.importorskip("torch")
 from wse_emu.emulator.api import execute
 from wse_emu.emulator.generate import Generator
 from wse_emu.emulator.load import LoadError
-from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.machine import load_machine
 from wse_emu.isa.compiler import CompileError, compile_model
 from tests.graph.hf_models import load_torch, make_bert, make_gpt2, make_llama
 

@@ -8,7 +8,7 @@ import pytest
 
 from wse_emu.emulator.generate import Generator
 from wse_emu.emulator.load import load
-from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.machine import load_machine
 from wse_emu.isa.compiler import compile_model
 from wse_emu.isa.compiler.lower import lower
 from wse_emu.isa.compiler.pipeline import load_graph, place_fastest

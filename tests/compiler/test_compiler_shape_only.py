@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.machine import load_machine
 from wse_emu.isa.compiler import CompileError, compile_model
 from wse_emu.isa.compiler.pipeline import load_graph
 from wse_emu.isa.graph import to_json

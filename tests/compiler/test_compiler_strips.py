@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from wse_emu.emulator.generate import Generator
-from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.machine import load_machine
 from wse_emu.isa.compiler import compile_model
 from wse_emu.isa.compiler.lower import CompileError
 from wse_emu.isa.compiler.pipeline import load_graph

@@ -6,7 +6,7 @@ import json
 
 import wse_emu.isa.compiler.pipeline as pipeline
 from wse_emu.emulator.generate import Generator
-from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.machine import load_machine
 from wse_emu.isa.compiler.placement import place
 
 CONFIG = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 512,

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 
 import wse_emu.isa.compiler.hbm as hbm
 from wse_emu.emulator.generate import Generator
-from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.machine import load_machine
 from wse_emu.isa.compiler import compile_model
 from wse_emu.isa.compiler.lower import CompileError
 from tests.graph.hf_models import load_torch, make_bert, make_gpt2, make_llama

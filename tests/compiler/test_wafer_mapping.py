@@ -13,7 +13,7 @@ import pytest
 
 from wse_emu.emulator.api import execute
 from wse_emu.emulator.generate import Generator
-from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.machine import load_machine
 from wse_emu.isa.binfmt import dumps, loads
 from wse_emu.isa.compiler import compile_model
 from wse_emu.isa.compiler.decoder import extract, grid_sides

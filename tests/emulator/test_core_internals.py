@@ -16,7 +16,7 @@ from wse_emu.emulator.core_state import (CL_KIND, K_MESSAGES, K_QUEUED, Q_QUEUED
                                  class_kinds,
                                  simd_key_table, static)
 from wse_emu.emulator.load import load, read_output, write_input
-from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.machine import load_machine
 from wse_emu.emulator.reference import run as reference_run
 from wse_emu.emulator.result import RUN_HALTED, RUN_MAX_CYCLES
 from wse_emu.isa.builder import ProgramBuilder

@@ -16,7 +16,7 @@ from wse_emu.emulator.core_state import (CT_DONE, CT_HEAD, CT_HELPED, CT_OUT, CT
                                  J_CLAIMED, J_DONE, J_FREE, J_P, J_READY, J_SEQ, J_STATE,
                                  J_TOTAL, MP_ASYNC, N_PE_COLS, P_PENDING, State, new_ring, static)
 from wse_emu.emulator.load import load, read_output, write_input
-from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.machine import load_machine
 from wse_emu.emulator.reference import run as reference_run
 from wse_emu.emulator.result import RUN_HALTED
 from wse_emu.isa.builder import ProgramBuilder

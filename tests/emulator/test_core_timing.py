@@ -11,7 +11,7 @@ import pytest
 
 from wse_emu.emulator.api import execute
 from wse_emu.emulator.load import N_PORTS
-from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.machine import load_machine
 from wse_emu.emulator.result import RUN_HALTED
 from wse_emu.isa.builder import ProgramBuilder
 from wse_emu.isa.program import DIR_E, DIR_RAMP, DIR_S

@@ -12,7 +12,7 @@ import pytest
 
 from wse_emu.emulator.api import execute
 from wse_emu.emulator.load import LoadError, load
-from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.machine import load_machine
 from wse_emu.emulator import report
 from wse_emu.emulator.result import (F_ALIGN, F_DMA_DESC, F_DMA_TAG, F_HBM_RANGE, FAULT_REASONS,
                              RUN_FAULT, RUN_HALTED)

@@ -9,7 +9,7 @@ import pytest
 
 from wse_emu.emulator.api import execute
 from wse_emu.emulator.load import LoadError, load, region_footprints, write_input
-from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.machine import load_machine
 from wse_emu.emulator.result import F_OOB, F_SCALAR_MEM, RUN_FAULT, RUN_HALTED
 from wse_emu.isa.builder import ProgramBuilder
 from wse_emu.isa.program import DIR_RAMP

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from wse_emu.emulator.machine import MachineError, load_machine, machine_from_dict
+from wse_emu.isa.machine import PRESET_DIR, MachineError, load_machine, machine_from_dict
 
 
 @pytest.mark.parametrize("name, sms, bw, cap, clock", [
@@ -74,3 +74,32 @@ def test_hbm_kind_needs_an_hbm_table_and_unknown_kinds_are_refused():
     m = machine_from_dict({**_doc(), "kind": "mesh"})
     assert m.hbm_bytes == 10**9
     assert dataclasses.replace(m, hbm_bytes=0).hbm_bytes_per_cycle == 0.0
+
+
+def test_systems_by_name():
+    """NAMExN: N chips of a preset stacked along y, joined by the preset's [link] table."""
+    one, four = load_machine("wse3"), load_machine("wse3x4")
+    assert (four.name, four.base, four.chips) == ("wse3x4", "wse3", 4)
+    assert (four.width, four.height, four.chip_height) == (one.width, 4 * one.height, one.height)
+    assert four.chip == one
+    assert four.chip_of(one.height - 1) == 0 and four.chip_of(one.height) == 1
+    assert four.link_bandwidth == 150e9 and four.link_latency == round(2e-6 * one.clock_hz)
+    node = load_machine("h100x8")
+    assert (node.chips, node.height, node.hbm_bytes) == (8, 8, load_machine("h100").hbm_bytes)
+    assert node.link_bandwidth == 450e9 and node.link_switch
+
+
+@pytest.mark.parametrize("name, words", [("wse3x0", "1 to 64 chips"), ("wse3x65", "1 to 64"),
+                                         ("nopex2", "a system of 'nope'")])
+def test_bad_systems_are_one_line(name, words):
+    with pytest.raises(MachineError, match=words):
+        load_machine(name)
+
+
+def test_a_chip_without_links_cannot_be_joined(tmp_path):
+    text = (PRESET_DIR / "tiny.toml").read_text().split("[link]")[0]
+    path = tmp_path / "solo.toml"
+    path.write_text(text.replace('name = "tiny"', 'name = "solo"'))
+    assert load_machine(str(path)).chips == 1
+    with pytest.raises(MachineError, match="no \\[link\\] table"):
+        load_machine(f"{path}x2")

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from wse_emu.emulator.api import execute
-from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.machine import load_machine
 from wse_emu.isa.builder import ProgramBuilder
 from wse_emu.isa.spec import INSTRUCTIONS
 from programs.conftest import same_run

@@ -17,7 +17,7 @@ from wse_emu.emulator.core import run
 from wse_emu.emulator.core_state import static
 from wse_emu.emulator.generate import Generator
 from wse_emu.emulator.load import LoadError, load, read_output, write_input
-from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.machine import load_machine
 from wse_emu.emulator.result import (FAULT_REASONS, F_SCALAR_MEM, F_TIMING_DATA, RUN_FAULT,
                              RUN_HALTED)
 from wse_emu.isa.builder import ProgramBuilder

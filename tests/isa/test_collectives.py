@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from wse_emu.emulator.api import execute
-from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.machine import load_machine
 from wse_emu.isa import collectives as C
 from wse_emu.isa.builder import ProgramBuilder
 

@@ -10,7 +10,7 @@ import pytest
 
 from wse_emu.emulator import load as load_mod
 from wse_emu.emulator.load import LoadError, load, read_output, write_input, write_inputs
-from wse_emu.emulator.machine import load_machine
+from wse_emu.isa.machine import load_machine
 from wse_emu.isa import binfmt
 from wse_emu.isa.asm import assemble, assemble_file
 from wse_emu.isa.builder import ProgramBuilder

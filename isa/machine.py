@@ -1,12 +1,20 @@
-"""Machine presets: frozen dataclasses loaded from TOML files in emulator/machines/ or a user's.
+"""The machine description shared by the compiler and the emulator: frozen dataclasses loaded
+from TOML presets in isa/machines/ or a user's file.
+
+A *system* is N identical chips (wafers, or GPUs) and the links between them, named NAMExN
+(`wse3x4`, `h100x8`, `my.tomlx2`): the chip's preset with its `[link]` table, N times. The
+chips are stacked along y: chip c holds fabric rows [c * chip_height, (c + 1) * chip_height),
+so `width x height` is the whole system's fabric and a route that crosses a row boundary
+between two chips uses the system's link between them (docs/timing-model.md, "Systems").
 
 Pure Python (no NumPy, no Numba): `wse-emu machines` and `--help` import this.
 """
 
 from __future__ import annotations
 
+import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from wse_emu.isa.spec import SIMD_KEYS
@@ -45,6 +53,35 @@ class Machine:
     hbm_latency: int = 0  # cycles from a request leaving the core to its last byte's channel slot
     hbm_channels: int = 1
     hbm_interleave: int = 256  # bytes on one channel before the next channel
+    # a system of `chips` identical chips stacked along y ([link] table of the chip's preset):
+    # height = chips * chip_height; every chip has its own HBM (hbm_bytes each)
+    chips: int = 1
+    link_bandwidth: float = 0.0  # bytes per second each way between two chips (all links)
+    link_latency: int = 0  # cycles from a wavelet entering the link to leaving it
+    links: int = 1  # physical links making up that bandwidth (documentation; timing uses the sum)
+    link_switch: bool = False  # chips meet through a switch (NVSwitch, Ethernet) vs. point to point
+    base: str = ""  # the chip preset's name for a system ("wse3" for "wse3x4"), else the name
+
+    @property
+    def chip_height(self) -> int:
+        """Fabric rows of one chip (the whole height on a single chip)."""
+        return self.height // self.chips
+
+    def chip_of(self, y: int) -> int:
+        """The chip that holds fabric row y."""
+        return y // self.chip_height
+
+    @property
+    def link_bytes_per_cycle(self) -> float:
+        """Bytes per core-clock cycle one way between two chips (0: no [link] table)."""
+        return self.link_bandwidth / self.clock_hz
+
+    @property
+    def chip(self) -> "Machine":
+        """One chip of a system (the machine itself when it is one chip)."""
+        if self.chips == 1:
+            return self
+        return replace(self, name=self.base, chips=1, height=self.chip_height, base=self.base)
 
     @property
     def hbm_bytes_per_cycle(self) -> float:
@@ -56,6 +93,7 @@ class Machine:
 
     @property
     def pes(self) -> int:
+        """PEs (cores) of the whole system."""
         return self.width * self.height
 
     @property
@@ -65,6 +103,11 @@ class Machine:
         return 2.0 * max(w for k, w in self.simd if k.startswith("fmac")) * self.pes * self.clock_hz
 
     def summary(self) -> str:
+        if self.chips > 1:
+            link = (f"links {self.link_bandwidth / 1e9:g} GB/s each way, "
+                    f"{self.link_latency / self.clock_hz * 1e6:g} us"
+                    f"{' through a switch' if self.link_switch else ''}")
+            return f"{self.chips} x {self.base} ({self.chip.summary()}); {link}"
         s = dict(self.simd)
         if self.kind == "hbm":
             return (f"{self.pes} cores, {self.sram_bytes // 1024} KB SRAM/core, "
@@ -87,8 +130,39 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
 
 
+MAX_CHIPS = 64
+_SYSTEM = re.compile(r"^(.+?)x([0-9]+)$")
+
+
 def load_machine(name_or_path: str) -> Machine:
-    """A preset by name (`wse3`) or a TOML file path; MachineError with one line otherwise."""
+    """A preset by name (`wse3`), a TOML file path, or a system of N of either (`wse3x4`,
+    `my.tomlx2`); MachineError with one line otherwise."""
+    match = _SYSTEM.match(name_or_path)
+    if match and not Path(name_or_path).is_file() and \
+            not (PRESET_DIR / f"{name_or_path}.toml").is_file():
+        try:
+            chip = load_chip(match.group(1))
+        except MachineError as e:
+            raise MachineError(f"{name_or_path}: a system of {match.group(1)!r}, but {e}") from None
+        return system_of(chip, int(match.group(2)), name_or_path)
+    return load_chip(name_or_path)
+
+
+def system_of(chip: Machine, n: int, name: str | None = None) -> Machine:
+    """A system of n copies of the one-chip machine `chip` and the links of its [link] table."""
+    label = name or f"{chip.name}x{n}"
+    if chip.chips != 1:
+        raise MachineError(f"{label}: {chip.name} is already a system")
+    if not 1 <= n <= MAX_CHIPS:
+        raise MachineError(f"{label}: a system has 1 to {MAX_CHIPS} chips, not {n}")
+    if n > 1 and chip.link_bandwidth <= 0:
+        raise MachineError(f"{label}: machine {chip.name} has no [link] table (bandwidth, "
+                           f"latency) to join {n} chips with")
+    return replace(chip, name=label, chips=n, height=chip.height * n, base=chip.name)
+
+
+def load_chip(name_or_path: str) -> Machine:
+    """One chip: a preset by name or a TOML file path."""
     path = Path(name_or_path)
     if not (name_or_path.endswith(".toml") or path.is_file()):
         path = PRESET_DIR / f"{name_or_path}.toml"
@@ -137,7 +211,32 @@ def machine_from_dict(doc: dict, where: str = "<machine>") -> Machine:
             raise MachineError(f"{where}: {key} must be at least 1")
     if values["clock_hz"] <= 0:
         raise MachineError(f"{where}: clock_hz must be positive")
+    link = doc.get("link")
+    if link is not None:
+        values.update(_link_fields(link, where, values["clock_hz"]))
+    values["base"] = values["name"]
     return Machine(**values)
+
+
+_LINK_KEYS = ("bandwidth_bytes_per_s", "latency_ns", "links", "switch")
+
+
+def _link_fields(link: dict, where: str, clock_hz: float) -> dict:
+    """The [link] table: how two chips of a system are joined."""
+    for key in _LINK_KEYS:
+        if key not in link:
+            raise MachineError(f"{where}: missing [link] {key}")
+    if not isinstance(link["switch"], bool):
+        raise MachineError(f"{where}: [link] switch must be true or false")
+    for key in ("bandwidth_bytes_per_s", "latency_ns", "links"):
+        value = link[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise MachineError(f"{where}: [link] {key} must be a positive number")
+    if not float(link["links"]).is_integer():
+        raise MachineError(f"{where}: [link] links must be an integer")
+    return {"link_bandwidth": float(link["bandwidth_bytes_per_s"]),
+            "link_latency": max(1, round(link["latency_ns"] * 1e-9 * clock_hz)),
+            "links": int(link["links"]), "link_switch": link["switch"]}
 
 
 _HBM_KEYS = ("capacity_bytes", "bandwidth_bytes_per_s", "efficiency", "latency_ns", "channels",
