@@ -38,7 +38,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from wse_emu.kernels.access import DT_BF16, DT_F16, DT_F32
-from wse_emu.kernels.prefetch import INTRINSIC as PREFETCH
+from wse_emu.kernels.prefetch import INTRINSIC as PREFETCH, PREFETCH as PREFETCH_ON
 
 LANES = 16  # fp32 lanes of a 512-bit vector; LLVM splits them on narrower targets
 BLOCK = 4  # vectors of accumulators per row block (64 rows)
@@ -134,7 +134,7 @@ def _row_block(b, args, dtype, nvec, first, last_rows):
     with cgutils.for_range(b, k) as col:
         xs = _splat(b, b.load(b.gep(x, [col.index])), _F32)
         at = b.add(b.mul(col.index, cs), first)  # element (first, j) of W
-        for line in range(0, LANES * nvec, per_line):
+        for line in range(0, LANES * nvec if PREFETCH_ON else 0, per_line):
             i = b.add(b.add(at, ahead), _I64(line))
             i = b.select(b.icmp_signed("<", i, limit), i, limit)
             # read, locality 0 (non-temporal: a tile is read once, and should not push the

@@ -15,6 +15,31 @@ from numba import njit
 from wse_emu.kernels.access import DT_F16, DT_F32, dtype_bytes, gather
 from wse_emu.kernels.columns import axpy_16, axpy_f32
 from wse_emu.kernels.convert import bf16_to_f32, f16_to_f32
+from wse_emu.kernels.prefetch import WITHOUT
+
+# False only when measuring what kernels.columns buys (WSE_EMU_WITHOUT=simd, kernels.prefetch)
+SIMD = "simd" not in WITHOUT
+
+
+@njit(cache=True)
+def _plain_f32(w, w_start, m, k, cstride, x, acc):
+    """The column update as a plain loop (same order, same bits as kernels.columns)."""
+    for j in range(k):
+        xj = x[j]
+        at = w_start + j * cstride
+        for i in range(m):
+            acc[i] = np.float32(acc[i] + np.float32(w[at + i] * xj))
+
+
+@njit(cache=True)
+def _plain_16(w, w_start, m, k, cstride, dtype, x, acc):
+    """As _plain_f32 for fp16 or bf16 bits."""
+    for j in range(k):
+        xj = x[j]
+        at = w_start + j * cstride
+        for i in range(m):
+            v = f16_to_f32(w[at + i]) if dtype == DT_F16 else bf16_to_f32(w[at + i])
+            acc[i] = np.float32(acc[i] + np.float32(v * xj))
 
 
 @njit(cache=True)
@@ -36,7 +61,12 @@ def mv(sram_f32, sram_u16, w_base, m, k, w_cstride, w_dtype, x, acc):
     """acc[0:m] += W x with W (m x k) column-major at w_base; x fp32[k], acc fp32[m] in/out."""
     if m <= 0 or k <= 0:
         return
-    if w_dtype == DT_F32:
+    if not SIMD:
+        if w_dtype == DT_F32:
+            _plain_f32(sram_f32, w_base // 4, m, k, w_cstride, x, acc)
+        else:
+            _plain_16(sram_u16, w_base // 2, m, k, w_cstride, w_dtype, x, acc)
+    elif w_dtype == DT_F32:
         axpy_f32(sram_f32, w_base // 4, m, k, w_cstride, x, acc, 0)
     else:
         axpy_16(sram_u16, w_base // 2, m, k, w_cstride, w_dtype, x, acc, 0)

@@ -10,6 +10,8 @@ which a large mesh keeps in DRAM, and the lines the loop and the helper thread h
 (The tile products' column loop, kernels.columns, emits the same intrinsic from its own IR.)
 """
 
+import os
+
 from llvmlite import binding as llvm
 from llvmlite import ir
 from numba import njit, types
@@ -22,8 +24,20 @@ from numba.extending import intrinsic
 INTRINSIC = "llvm.prefetch." + ("p0" if llvm.llvm_version_info[0] >= 17 else "p0i8")
 
 
+# Features that bench/test_keep_bench.py turns off to measure what they buy, by naming them in
+# WSE_EMU_WITHOUT (comma-separated: "prefetch" = no prefetch hints at all, "simd" = the tile
+# products' column loop as a plain Numba loop instead of kernels.columns). Read once, at import;
+# the value is part of emulator/jit_cache.py's digest, so machine code cached with other values
+# is not reused. Results are the same bits and cycles either way: only host time changes.
+WITHOUT = frozenset(f.strip() for f in os.environ.get("WSE_EMU_WITHOUT", "").split(",")
+                    if f.strip())
+PREFETCH = "prefetch" not in WITHOUT
+
+
 def _make(locality, write=0):
     def codegen(context, builder, sig, args):
+        if not PREFETCH:
+            return context.get_dummy_value()
         ary = context.make_array(sig.args[0])(context, builder, args[0])
         index = context.cast(builder, args[1], sig.args[1], types.intp)
         ptr = builder.gep(ary.data, [index])

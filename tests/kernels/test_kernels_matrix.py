@@ -174,3 +174,18 @@ def test_mm_matches_numpy_matmul(a_dtype, b_dtype):
     want = (a.astype(np.float64) @ b.astype(np.float64)).reshape(-1, order="F")
     scale = np.abs(a).sum(axis=1).max() * np.abs(b).max()
     np.testing.assert_allclose(acc, want, rtol=1e-5, atol=1e-6 * scale)
+
+
+def test_measuring_switch_keeps_the_bits(tmp_path):
+    """WSE_EMU_WITHOUT=simd,prefetch (bench/test_keep_bench.py measures what those features buy)
+    computes the same bits: this file's bit-exactness tests pass in a process that sets it."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, WSE_EMU_WITHOUT="simd,prefetch", NUMBA_CACHE_DIR=str(tmp_path))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-o", "addopts=", __file__, "-k", "bit_exact or numpy_matvec"],
+                          env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and "failed" not in done.stdout
