@@ -290,11 +290,11 @@ def send_hints(loaded: Loaded, dest: np.ndarray, slots: np.ndarray) -> np.ndarra
     pes, first = np.unique(slots // colors, return_index=True)  # slots are sorted
     chosen = slots[first]
     hint[pes, 0] = chosen
-    # the first entry at or after each tree entry that delivers to a PE
-    at = np.where(dest >= 0, np.arange(len(dest)), len(dest))
-    nearest = np.append(np.minimum.accumulate(at[::-1])[::-1], len(dest))
+    # the first entry at or after each chosen tree's start that delivers to a PE
+    delivering = np.flatnonzero(dest >= 0)
     start = loaded.tree_start[chosen].astype(np.int64)
-    entry = nearest[start]
+    k = np.searchsorted(delivering, start)
+    entry = np.append(delivering, len(dest))[k]
     ok = entry < start + loaded.tree_count[chosen]
     hint[pes[ok], 1] = dest[entry[ok]] * colors + chosen[ok] % colors
     return hint
