@@ -21,6 +21,8 @@ from tests.emulator.test_reference_vs_core import HBM_BYTES, both, build_program
 
 TINY = (PRESET_DIR / "tiny.toml").read_text()
 CLOCK = 1.1e9  # tiny's clock: latency_ns * 1.1 = cycles
+# the machines come from fixtures (TOML files in tmp_path): the same for every example
+SLOW_OK = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 
 # NX columns each send N f32 from row Y0 straight to row Y1 (down when Y1 > Y0, else up): on a
 # system of two 8-row chips a route from a row < 8 to a row >= 8 crosses the pipe 0 -> 1.
@@ -114,8 +116,7 @@ def test_system_machines(wide, narrow):
     assert narrow.link_bytes_per_cycle == pytest.approx(2.0)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                 HealthCheck.function_scoped_fixture])
+@settings(max_examples=12, deadline=None, suppress_health_check=SLOW_OK)
 @given(y0=st.integers(0, 7), y1=st.integers(8, 15), n=st.integers(1, 80),
        up=st.booleans())
 def test_a_crossing_costs_exactly_the_latency(tall, wide, narrow, y0, y1, n, up):
@@ -194,8 +195,7 @@ interleave_bytes = 32
 """
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                 HealthCheck.function_scoped_fixture])
+@settings(max_examples=20, deadline=None, suppress_health_check=SLOW_OK)
 @given(seed=st.integers(0, 2**31 - 1), narrow_pipe=st.booleans())
 def test_random_programs_agree_on_a_system(tmp_path, seed, narrow_pipe):
     """The random programs of test_reference_vs_core, exchanging southwards on a system of
