@@ -245,9 +245,10 @@ def fit_problems(program: Program, m: Machine) -> list[str]:
     if need["sram_bytes"] > m.sram_bytes:
         out.append(f"a PE needs {need['sram_bytes']:,} bytes of SRAM, the machine's have "
                    f"{m.sram_bytes:,}")
-    if need["hbm_bytes"] > getattr(m, "hbm_bytes", 0):
+    have = getattr(m, "hbm_bytes", 0) * getattr(m, "chips", 1)  # every GPU its own
+    if need["hbm_bytes"] > have:
         out.append(f"needs {need['hbm_bytes']:,} bytes of HBM, the machine has "
-                   f"{getattr(m, 'hbm_bytes', 0) or 'none'}")
+                   f"{f'{have:,}' if have else 'none'}")
     return out
 
 
