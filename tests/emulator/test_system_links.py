@@ -182,6 +182,20 @@ def test_core_and_reference_agree_on_columns(wide, narrow):
             pipe = 0 if y1 > y0 else 1
             assert a.result.pipe_wavelets[pipe] == nx * 33
             assert a.result.pipe_wavelets[1 - pipe] == 0
+            # timing-only mode times the pipes alike
+            t = execute(p, machine, {"v": v}, timing_only=True)
+            assert t.result.cycles == a.result.cycles
+            np.testing.assert_array_equal(t.result.pipe_wavelets, a.result.pipe_wavelets)
+
+
+def test_routes_within_a_chip_are_ordinary_links(tall, narrow):
+    """Only the links across a chip boundary are system links: a route inside chip 0 or
+    inside chip 1 times as on one chip, and crosses no pipe."""
+    for y0, y1 in ((0, 7), (7, 0), (8, 15), (14, 9)):
+        p = columns(NX=4, Y0=y0, Y1=y1, N=20)
+        ex = execute(p, narrow, {"v": values(4, 20)})
+        assert ex.result.cycles == cycles(p, tall, values(4, 20))
+        assert not ex.result.pipe_wavelets.any()
 
 
 ROW_HBM = f"""
