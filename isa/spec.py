@@ -51,7 +51,7 @@ SLOTS = {
 OPCODE_BITS = range(0, 8)
 
 # ---------------------------------------------------------------------------------------------
-# Registers and operand kinds.
+# Registers.
 
 N_IREGS = 16  # r0..r15, general purpose, int64 semantics (r0 is an ordinary register)
 N_FREGS = 16  # f0..f15, fp32
@@ -68,12 +68,43 @@ SPECIAL_IREGS = {
 }
 N_IREG_SLOTS = 22  # size of the per-PE integer register file, specials included
 
-DTYPES = {"f32": 0, "f16": 1, "bf16": 2}  # element types of tensor descriptors
-# Types data initialisers and symbol pieces may store: the descriptor types plus int32 (token ids,
-# positions, read with `lw`).
-STORAGE_DTYPES = {**DTYPES, "i32": 3}
-DTYPE_BYTES = {0: 4, 1: 2, 2: 2, 3: 4}
-DTYPE_NAMES = {v: k for k, v in STORAGE_DTYPES.items()}
+# ---------------------------------------------------------------------------------------------
+# Element types: the one table of them. Every other dtype table of the project (the builder's
+# tensor types, the graph's, the compiler's aliases and weight sizes, the kernels' codes) is
+# derived here.
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str  # as written in .wsa files, graphs and symbols
+    code: int  # as stored in tile maps, data initialisers and the dmem/dfin/dfout dtype slot
+    nbytes: int
+    tensor: str  # the Program.Tensor dtype string (NumPy's, but bf16, which NumPy lacks)
+    descriptor: bool  # a tensor descriptor may hold it (the float types the SIMD units compute)
+    aliases: tuple[str, ...] = ()  # other spellings accepted on command lines (fp32, fp16)
+
+
+DTYPE_TABLE: tuple[DType, ...] = (
+    DType("f32", 0, 4, "<f4", True, ("fp32",)),
+    DType("f16", 1, 2, "<f2", True, ("fp16",)),
+    DType("bf16", 2, 2, "bf16", True),
+    # int32 (token ids, positions): data initialisers and symbol pieces may store it, `lw` reads it
+    DType("i32", 3, 4, "<i4", False),
+)
+DTYPES = {t.name: t.code for t in DTYPE_TABLE if t.descriptor}  # element types of descriptors
+STORAGE_DTYPES = {t.name: t.code for t in DTYPE_TABLE}  # what data and symbol pieces may store
+DTYPE_BYTES = {t.code: t.nbytes for t in DTYPE_TABLE}
+DTYPE_NAMES = {t.code: t.name for t in DTYPE_TABLE}
+FLOAT_DTYPES = tuple(DTYPES)  # names of the float types
+SYMBOL_DTYPES = tuple(STORAGE_DTYPES)  # names a symbol (and a dtype parameter) may have
+FLOAT_BYTES = {t.name: t.nbytes for t in DTYPE_TABLE if t.descriptor}  # by name
+TENSOR_DTYPES = {t.name: t.tensor for t in DTYPE_TABLE}  # .wsa name -> Program.Tensor dtype
+TENSOR_ITEMSIZE = {t.tensor: t.nbytes for t in DTYPE_TABLE}
+# Float type spellings accepted on command lines (f32, fp32, ...) -> the name
+FLOAT_ALIASES = {a: t.name for t in DTYPE_TABLE if t.descriptor for a in (t.name, *t.aliases)}
+
+# ---------------------------------------------------------------------------------------------
+# Descriptor and operand kinds.
 
 # Descriptor kinds (stored in the descriptor register).
 DSD_MEM = 0  # SRAM operand: addr, len, stride, count, cstride, dtype
