@@ -27,6 +27,12 @@ BIN_MUL = 2
 BIN_MAX = 3
 BIN_MIN = 4
 
+# The kernel names of isa/spec.py's elementwise instructions (Instr.kernel: vexp -> "exp",
+# vadd and vadds -> "add") -> the code `unary` or `binary`/`binary_scalar` selects them by.
+UNARY_OPS = {"mov": UN_MOV, "exp": UN_EXP, "gelu": UN_GELU_TANH, "gelue": UN_GELU_ERF,
+             "silu": UN_SILU, "rsqrt": UN_RSQRT}
+BINARY_OPS = {"add": BIN_ADD, "sub": BIN_SUB, "mul": BIN_MUL, "max": BIN_MAX, "min": BIN_MIN}
+
 # The GELUs are evaluated in float64 in forms equal to the documented formulas but free of
 # their cancellation: for x << 0, 1 + tanh(u) and 1 + erf(v) lose every significant bit in
 # float64, leaving results that are noise (and differ between libms). Since
