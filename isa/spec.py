@@ -378,6 +378,7 @@ INSTRUCTIONS: tuple[Instr, ...] = (
        "d = gelu(a), exact (erf)."),
     _i("vsilu", 0x5D, "d:dreg:A:dsd-w a:dreg:B:dsd-r", "special", "tensor", "d = a * sigmoid(a)."),
     _i("vrsqrt", 0x5E, "d:dreg:A:dsd-w a:dreg:B:dsd-r", "special", "tensor", "d = 1 / sqrt(a)."),
+    _i("vtanh", 0x5F, "d:dreg:A:dsd-w a:dreg:B:dsd-r", "special", "tensor", "d = tanh(a)."),
     # -- reductions ---------------------------------------------------------------------------
     _i("rsum", 0x60, "d:freg:A:reg-w a:dreg:B:dsd-r", "add", "reduce",
        "d = sum of a, in element order, fp32."),

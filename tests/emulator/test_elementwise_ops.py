@@ -31,6 +31,7 @@ NUMPY = {
     "vgelue": lambda x: 0.5 * x * _erfc(-x / np.sqrt(2)),  # 1 + erf(v) = erfc(-v), exactly
     "vsilu": lambda x: x / (1 + np.exp(-x)),
     "vrsqrt": lambda x: 1 / np.sqrt(x),
+    "vtanh": np.tanh,
 }
 # fp32 operations whose NumPy model is not one rounding of the exact value: computed in fp32
 FP32_EXACT = {"vadd", "vsub", "vmul", "vmax", "vmin", "vadds", "vmuls", "vmov"}
