@@ -9,6 +9,8 @@ here fails `test_every_elementwise_instruction_has_a_numpy_model`.
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +19,7 @@ from wse_emu.emulator.api import execute
 from wse_emu.isa.asm import assemble
 from wse_emu.isa.spec import BY_MNEMONIC, INSTRUCTIONS
 
+ROOT = Path(__file__).resolve().parents[2]
 ELEMENTWISE = [i.mnemonic for i in INSTRUCTIONS if i.shape is not None]
 _erfc = np.vectorize(math.erfc, otypes=[np.float64])
 
@@ -81,7 +84,7 @@ def numpy_model(ins, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def test_every_elementwise_instruction_has_a_numpy_model():
-    assert len(ELEMENTWISE) >= 13  # the table's shapes are recognised
+    assert len(ELEMENTWISE) >= 14  # the table's shapes are recognised
     assert sorted(set(ELEMENTWISE) - set(NUMPY)) == []
     assert sorted(set(NUMPY) - set(ELEMENTWISE)) == []
 
@@ -98,3 +101,47 @@ def test_elementwise_instruction_end_to_end(mnemonic):
     assert runs[0].result.cycles == runs[1].result.cycles > 0
     np.testing.assert_array_equal(core, numpy_model(ins, a, b))
 
+# -- docs/contributing.md's worked example ----------------------------------------------------
+
+CONTRIBUTING = ROOT / "docs" / "contributing.md"
+
+
+def example_files() -> tuple[str, list[str]]:
+    """The example's mnemonic and the files the document says it touches (its file list)."""
+    text = CONTRIBUTING.read_text()
+    op = re.search(r"<!-- example-op: (\w+) -->", text).group(1)
+    listed = re.search(r"<!-- files -->\n(.*?)<!-- /files -->", text, re.S).group(1)
+    return op, re.findall(r"^\d+\. `([^`]+)`", listed, re.M)
+
+
+def test_contributing_example_op_is_in_the_table_and_tested():
+    op, files = example_files()
+    ins = BY_MNEMONIC[op]  # the example was really added
+    assert ins.shape is not None and op in NUMPY
+
+
+def test_contributing_example_touches_only_the_files_it_lists():
+    op, files = example_files()
+    assert 1 <= len(files) <= 4, files
+    for name in files:  # each listed file has the op (or its kernel)
+        text = (ROOT / name).read_text()
+        assert op in text or BY_MNEMONIC[op].kernel in text, name
+    mentions = {p.relative_to(ROOT).as_posix()
+                for folder in ("isa", "emulator", "kernels", "tests", "docs", "programs")
+                for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".md", ".wsa", ".toml")
+                and re.search(rf"\b{op}\b", p.read_text())}
+    # nothing outside the listed files (and this guide) needed to name the new instruction
+    assert mentions - {"docs/contributing.md"} <= set(files), mentions
+
+
+def test_contributing_example_code_is_the_code():
+    """Every line of the guide's code blocks that names the op or its kernel is in a listed file."""
+    op, files = example_files()
+    kernel = BY_MNEMONIC[op].kernel
+    code = "\n".join((ROOT / name).read_text() for name in files)
+    blocks = re.findall(r"```python\n(.*?)```", CONTRIBUTING.read_text(), re.S)
+    shown = [line.strip() for block in blocks for line in block.splitlines()
+             if re.search(rf"{op}|{kernel}", line, re.I) and "..." not in line]
+    assert len(shown) >= 4, shown
+    for line in shown:
+        assert line in code, line
