@@ -51,6 +51,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from wse_emu.isa.spec import FLOAT_ALIASES, FLOAT_BYTES
+
 # Built-in model shapes (Hugging Face config.json contents). Llama-3-8B keeps its published
 # shape with default RoPE (theta 500000): the front end does not implement the "llama3" RoPE
 # frequency scaling, which changes neither shapes nor FLOPs.
@@ -74,7 +76,7 @@ BUILTIN_MODELS = {
 DEFAULT_MODELS = tuple(BUILTIN_MODELS)
 DEFAULT_MACHINES = ("wse3", "h100")
 CONTEXT_LADDER = (1024, 256, 64, 32, 16)  # tried largest first when --max-context is not given
-DTYPE_BYTES = {"fp32": 4, "f32": 4, "fp16": 2, "f16": 2, "bf16": 2}
+DTYPE_BYTES = {a: FLOAT_BYTES[n] for a, n in FLOAT_ALIASES.items()}  # every spelling -> bytes
 TOKEN_ID = 1  # the token fed to the measured decode step (timing does not depend on it)
 BATCH_NOTE = ("batch 1 only: the compiled programs run one position of one sequence a run "
               "(input_ids is (1,)); batch > 1 is not supported by this compiler yet")

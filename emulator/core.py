@@ -58,7 +58,7 @@ FIRST_BUDGET = 1 << 14
 MIN_BUDGET = 1 << 10
 FULL_BUDGET = 1 << 62
 # Tile products the helper thread may have outstanding (core_jobs): every one of the 4096 gemv's,
-# so the loop never waits for a slot (1.8 % faster than 1024 slots, in-process A/B)
+# so that the loop never waits for a free slot (it would then wait on the helper's slowest job)
 RING_SLOTS = 4096
 # The least SRAM (all PEs) for which the helper is chosen by default: a pass over 4 MB of tiles
 # takes ~0.2 ms, about what starting the thread costs; and a process's first helper loads

@@ -14,15 +14,16 @@ import numpy as np
 from numba import njit
 
 from wse_emu.emulator.core_fabric import need
+from wse_emu.emulator.core_ops import OPERAND_ROLES, R_DST, R_DST_MEM, R_SRC0, R_SRC1
 from wse_emu.emulator.core_state import (
     CK_FMAC, CK_MOVE, CK_SPECIAL, D_ADDR, D_COLOR, D_COUNT, D_CSTRIDE, D_DTYPE, D_KIND, D_LEN,
     D_STRIDE, FABOUT_BIT, K_CLASS0, K_HALTED, K_INSTR_TOTAL, K_TRACE_N, MP_TIMING, MP_TRACE_CAP,
     NEED_TRACE, P_BUSY, P_CLOCK, P_DONE, P_FABRIC, P_FAULT, P_FTAINT, P_INSTR, P_PC, P_RSTALL,
     P_SRAM0, P_SRAM_LEN, P_STATUS,
-    S_ADD, S_ADDI, S_AND, S_ANDI, S_BEQ, S_BGE, S_BINARY, S_BLT, S_BNE, S_D2D, S_DADDR, S_DFIN,
-    S_DFOUT, S_DIV, S_DLEN, S_DMEM, S_DSTRIDE, S_FADD, S_FDIV, S_FEXP, S_FILL, S_FLI, S_FLW, S_FMA,
+    S_ADD, S_ADDI, S_AND, S_ANDI, S_BEQ, S_BGE, S_BLT, S_BNE, S_D2D, S_DADDR, S_DFIN,
+    S_DFOUT, S_DIV, S_DLEN, S_DMEM, S_DSTRIDE, S_FADD, S_FDIV, S_FEXP, S_FLI, S_FLW,
     S_FMAX, S_FMIN, S_FMOV, S_FMUL, S_FRSQRT, S_FSQRT, S_FSUB, S_FSW, S_FTOI, S_HALT, S_ITOF, S_JMP,
-    S_LI, S_LW, S_MATRIX, S_MOV, S_MUL, S_MULI, S_OR, S_RDOT, S_REM, S_RMAX, S_RSUM, S_SHLI, S_SHRI,
+    S_LI, S_LW, S_MATRIX, S_MOV, S_MUL, S_MULI, S_OR, S_REM, S_SHLI, S_SHRI,
     S_SLT, S_SUB, S_SW, S_TENSOR, S_XOR, V_CONVERT, V_F16, V_F32, V_MIXED, V_SPECIAL, X_FAULT,
     S_DMALD, S_DMAST, H_BUSY, H_FREE, HBM_TICKS, K_HBM_READ, K_HBM_WRITE, MP_HBM_BYTES,
     MP_HBM_CH, MP_HBM_IL, MP_HBM_LAT, MP_ISSUE, MP_UNDO, P_DMASTALL, P_TAG0, X_GROW, X_OK,
@@ -360,18 +361,19 @@ def _write_mem(dsd, p, r, first, k, vals, sram_f32, sram_u16, base):
             first, k, vals)
 
 
+@njit(cache=True, inline="always")
+def _in_slot(slot, a, b, c):
+    return a if slot == 0 else (b if slot == 1 else (c if slot == 2 else -1))
+
+
 @njit(cache=True)
 def roles(sem, a, b, c):
-    """(destination, source 0, source 1) descriptor registers of a tensor op, -1 for none."""
-    if sem == S_RSUM or sem == S_RMAX:
-        return -1, b, -1
-    if sem == S_RDOT:
-        return -1, b, c
-    if sem == S_FILL:
-        return a, -1, -1
-    if sem == S_BINARY:
-        return a, b, c
-    return a, b, -1
+    """(destination, source 0, source 1) descriptor registers of a tensor op, -1 for none: the
+    operand roles of isa/spec.py (core_ops.OPERAND_ROLES, a constant of the compiled code, which
+    the stale-cache check keeps in step with the spec)."""
+    return (_in_slot(OPERAND_ROLES[sem, R_DST], a, b, c),
+            _in_slot(OPERAND_ROLES[sem, R_SRC0], a, b, c),
+            _in_slot(OPERAND_ROLES[sem, R_SRC1], a, b, c))
 
 
 @njit(cache=True, inline="always")
@@ -392,7 +394,7 @@ def check_operands(sem, dst, s0, s1, dsd, p, limit):
     if dst >= 0:
         if dsd[p, dst, D_KIND] == DSD_FABIN:
             return F_FABIN_DEST
-        if (sem == S_FILL or sem == S_FMA) and dsd[p, dst, D_KIND] != DSD_MEM:
+        if OPERAND_ROLES[sem, R_DST_MEM] and dsd[p, dst, D_KIND] != DSD_MEM:
             return F_DEST_NOT_MEM
     if (s0 >= 0 and dsd[p, s0, D_KIND] == DSD_FABOUT) or \
             (s1 >= 0 and dsd[p, s1, D_KIND] == DSD_FABOUT):

@@ -10,9 +10,9 @@ PE goes on. The helper thread (`worker`, compiled nogil) claims published jobs i
 runs them. Before the PE executes anything that reads or writes its SRAM (scalar loads and
 stores, DMA, tensor and matrix ops: `touches_sram`), `settle` makes sure its job is done: it
 claims the job itself if the helper has not started it; if the helper is running it, the loop
-runs the newest jobs nobody has started until it is done (in the gemv the loop used to spin
-there for millions of turns while the helper, bound by DRAM, fell behind; it took the oldest
-ones first until 2026-12-04, which made the two threads take every other tile). The helper also
+runs the newest jobs nobody has started until it is done (spinning instead would idle the loop
+for millions of turns in the gemv, where the helper is bound by DRAM; taking the oldest ones,
+as the helper does, would make the two threads take every other tile). The helper also
 publishes its progress (CT_DONE: every job numbered below it is done), so that settling a
 product it finished long ago touches no line the helper writes. Only a PE's own
 instructions touch its SRAM, and a PE has at most one job outstanding, so every value read is
@@ -179,7 +179,8 @@ def _finish_slot(slot, jobs, jdsd, ctl, sram_f32, sram_u16, scratch):
     running it, run the newest jobs nobody has started meanwhile instead of spinning (their
     PEs settle them later than the helper, which takes the oldest, would get to them).
     That part is a function of its own: inlined into the loop's step (through settle), its
-    copy of the product made the whole loop 10-15 % slower, in programs with no product too."""
+    copy of the product would bloat the hot loop of every program, those with no product too,
+    while out of line it costs a call only when a product is pending."""
     flat = slot * jobs.shape[1] + J_STATE
     # done already (the usual case when a PE comes back to its product): a load, which leaves
     # the helper's copy of the line alone, where the compare-and-swap would take it over

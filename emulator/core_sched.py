@@ -28,8 +28,9 @@ On a large mesh the per-PE rows a visit touches are in DRAM, and so are the SRAM
 its first tensor op: the loop prefetches (kernels.prefetch: hints, nothing read or changed)
 the rows of the PE that most likely runs next while the current one executes, and the SRAM
 operands of the current PE's first instruction before running it (_prefetch_next,
-_prefetch_operands); the heap prefetches the level below as it sifts down. That made the
-256 x 256 dispatch-heavy stress program 20-40 % faster (A/B runs on a shared machine).
+_prefetch_operands); the heap prefetches the level below as it sifts down. Without the
+hints a visit waits for each of those lines in turn; with them the waits overlap the work of
+the PE before.
 """
 
 import platform
@@ -200,7 +201,7 @@ def _prefetch_operands(p, code, pe, dsd, sram_u16, tree_of, queue, colors, jobs,
     (tree_of) of a fabric output, the input-queue row of a fabric input, and the ring row of
     its outstanding tile product (which the helper thread's core holds). Its pe and
     descriptor rows are in cache by now (see _prefetch_next); those others often are not (on
-    the 4096-PE gemv a program's tables outgrow the last-level cache this VM lends a core),
+    the 4096-PE gemv a program's tables outgrow a core's share of the last-level cache),
     and the op would only find them one after another, after its checks and the undo log's
     copy. A hint only: registers that are not descriptors here, or addresses outside the
     SRAM, are skipped or harmless."""

@@ -4,10 +4,8 @@ Everything the jitted loop touches is a plain NumPy array allocated here and pas
 (DESIGN.md section 6). Small records are rows of 2-D int64 tables with named columns (a PE, a
 delivery, a message) so that one record sits in one or two cache lines.
 
-Instructions are dispatched on *semantic ids* of our own (S_*), mapped from the mnemonics of
-isa.spec at run time rather than on opcode numbers baked into compiled code: renumbering an
-opcode in the spec then cannot leave a stale Numba cache decoding the wrong instruction, and a
-mnemonic this core does not implement is an error at import, not a silent no-op.
+Instructions are dispatched on *semantic ids* of our own (S_*, emulator/core_ops.py), mapped
+from the mnemonics of isa.spec when the code table is decoded (decode_table).
 """
 
 from __future__ import annotations
@@ -22,55 +20,16 @@ from wse_emu.isa.costs import products_by_column
 from wse_emu.isa.spec import (COST_CLASSES, DTYPES, FIXED_CLASSES, INSTRUCTIONS, N_DMA_TAGS, N_DREGS,
                       N_FREGS,
                       SIMD_KEYS, simd_key)
-from wse_emu.kernels import elementwise as ew
 
-# ---------------------------------------------------------------------------------------------
-# Semantic ids, grouped so that one comparison picks the executor of a family.
-
-(S_NOP, S_HALT, S_JMP, S_BEQ, S_BNE, S_BLT, S_BGE, S_LI, S_MOV, S_ADD, S_SUB, S_MUL, S_DIV,
- S_REM, S_AND, S_OR, S_XOR, S_SLT, S_ADDI, S_MULI, S_ANDI, S_SHLI, S_SHRI, S_LW,
- S_SW) = range(1, 26)
-S_FLOAT = 32  # first scalar-float id
-(S_FLI, S_FMOV, S_FADD, S_FSUB, S_FMUL, S_FMAX, S_FMIN, S_FDIV, S_FEXP, S_FRSQRT, S_FSQRT,
- S_FLW, S_FSW, S_ITOF, S_FTOI) = range(S_FLOAT, S_FLOAT + 15)
-S_DESC = 64  # first descriptor id
-S_DMEM, S_DFIN, S_DFOUT, S_DSTRIDE, S_D2D, S_DADDR, S_DLEN = range(S_DESC, S_DESC + 7)
-S_DMA = 72  # first DMA id (dmald and dmast touch the shared HBM; dmawait is local)
-S_DMALD, S_DMAST, S_DMAWAIT = range(S_DMA, S_DMA + 3)
-S_TENSOR = 80  # first tensor id; operand roles follow from the id
-(S_UNARY, S_BINARY, S_BINSCALAR, S_FILL, S_FMA, S_RSUM, S_RMAX, S_RDOT) = range(S_TENSOR,
-                                                                                S_TENSOR + 8)
-S_MATRIX = 96  # first matrix id
-S_MV, S_MVA, S_MM, S_MMA = range(S_MATRIX, S_MATRIX + 4)
-
-# mnemonic -> (semantic id, kernel sub-code)
-SEMANTICS = {
-    "nop": (S_NOP, 0), "halt": (S_HALT, 0), "jmp": (S_JMP, 0), "beq": (S_BEQ, 0),
-    "bne": (S_BNE, 0), "blt": (S_BLT, 0), "bge": (S_BGE, 0), "li": (S_LI, 0), "mov": (S_MOV, 0),
-    "add": (S_ADD, 0), "sub": (S_SUB, 0), "mul": (S_MUL, 0), "div": (S_DIV, 0),
-    "rem": (S_REM, 0), "and": (S_AND, 0), "or": (S_OR, 0), "xor": (S_XOR, 0), "slt": (S_SLT, 0),
-    "addi": (S_ADDI, 0), "muli": (S_MULI, 0), "andi": (S_ANDI, 0), "shli": (S_SHLI, 0),
-    "shri": (S_SHRI, 0), "lw": (S_LW, 0), "sw": (S_SW, 0),
-    "fli": (S_FLI, 0), "fmov": (S_FMOV, 0), "fadd": (S_FADD, 0), "fsub": (S_FSUB, 0),
-    "fmul": (S_FMUL, 0), "fmax": (S_FMAX, 0), "fmin": (S_FMIN, 0), "fdiv": (S_FDIV, 0),
-    "fexp": (S_FEXP, 0), "frsqrt": (S_FRSQRT, 0), "fsqrt": (S_FSQRT, 0), "flw": (S_FLW, 0),
-    "fsw": (S_FSW, 0), "itof": (S_ITOF, 0), "ftoi": (S_FTOI, 0),
-    "dmem": (S_DMEM, 0), "dfin": (S_DFIN, 0), "dfout": (S_DFOUT, 0),
-    "dstride": (S_DSTRIDE, 0), "d2d": (S_D2D, 0), "daddr": (S_DADDR, 0), "dlen": (S_DLEN, 0),
-    "dmald": (S_DMALD, 0), "dmast": (S_DMAST, 0), "dmawait": (S_DMAWAIT, 0),
-    "vmov": (S_UNARY, ew.UN_MOV), "vexp": (S_UNARY, ew.UN_EXP),
-    "vgelu": (S_UNARY, ew.UN_GELU_TANH), "vgelue": (S_UNARY, ew.UN_GELU_ERF),
-    "vsilu": (S_UNARY, ew.UN_SILU), "vrsqrt": (S_UNARY, ew.UN_RSQRT),
-    "vadd": (S_BINARY, ew.BIN_ADD), "vsub": (S_BINARY, ew.BIN_SUB),
-    "vmul": (S_BINARY, ew.BIN_MUL), "vmax": (S_BINARY, ew.BIN_MAX),
-    "vmin": (S_BINARY, ew.BIN_MIN), "vadds": (S_BINSCALAR, ew.BIN_ADD),
-    "vmuls": (S_BINSCALAR, ew.BIN_MUL), "vfill": (S_FILL, 0), "vfma": (S_FMA, 0),
-    "rsum": (S_RSUM, 0), "rmax": (S_RMAX, 0), "rdot": (S_RDOT, 0),
-    "mv": (S_MV, 0), "mva": (S_MVA, 0), "mm": (S_MM, 0), "mma": (S_MMA, 0),
-}
-_missing = [i.mnemonic for i in INSTRUCTIONS if i.mnemonic not in SEMANTICS]
-if _missing:  # the table and this core must grow together
-    raise ImportError(f"emulator.core has no semantics for {', '.join(_missing)} (isa/spec.py)")
+# Semantic ids and the mnemonic -> (id, sub-code) table: emulator/core_ops.py (derived from
+# isa/spec.py), imported here for the modules that take the core's constants from this one.
+from wse_emu.emulator.core_ops import (  # noqa: F401
+    S_ADD, S_ADDI, S_AND, S_ANDI, S_BEQ, S_BGE, S_BINARY, S_BINSCALAR, S_BLT, S_BNE, S_D2D,
+    S_DADDR, S_DESC, S_DFIN, S_DFOUT, S_DIV, S_DLEN, S_DMA, S_DMALD, S_DMAST, S_DMAWAIT, S_DMEM,
+    S_DSTRIDE, S_FADD, S_FDIV, S_FEXP, S_FILL, S_FLI, S_FLOAT, S_FLW, S_FMA, S_FMAX, S_FMIN,
+    S_FMOV, S_FMUL, S_FRSQRT, S_FSQRT, S_FSUB, S_FSW, S_FTOI, S_HALT, S_ITOF, S_JMP, S_LI, S_LW,
+    S_MATRIX, S_MM, S_MMA, S_MOV, S_MUL, S_MULI, S_MV, S_MVA, S_NOP, S_OR, S_RDOT, S_REM, S_RMAX,
+    S_RSUM, S_SHLI, S_SHRI, S_SLT, S_SUB, S_SW, S_TENSOR, S_UNARY, S_XOR, SEMANTICS)
 
 # ---------------------------------------------------------------------------------------------
 # Columns of the decoded code table (one row per instruction of every region).

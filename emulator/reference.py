@@ -23,7 +23,7 @@ from wse_emu.emulator.result import (
     F_NO_ROUTE, F_PC_END, F_SAME_COLOR, F_SCALAR_MEM, F_SHAPE, F_TARGET, RUN_DEADLOCK, RUN_FAULT, RUN_HALTED,
     RUN_MAX_CYCLES, ST_FAULT, ST_HALT, ST_RUN, ST_WAIT_BP, ST_WAIT_RECV, RunResult)
 from wse_emu.isa.spec import (BY_OPCODE, COST_CLASSES, DSD_FABIN, DSD_FABOUT, DSD_MEM, DTYPE_BYTES,
-                      N_DMA_TAGS, N_DREGS, N_FREGS, simd_key)
+                      INSTRUCTIONS, N_DMA_TAGS, N_DREGS, N_FREGS, simd_key)
 from wse_emu.kernels import access, elementwise as ew, matrix, reduce, scalar
 from wse_emu.isa.costs import chunk_cycles, matrix_cycles, products_by_column
 
@@ -33,11 +33,12 @@ CLASS_INDEX = {name: i for i, name in enumerate(COST_CLASSES)}
 MASK64 = (1 << 64) - 1
 HBM_TICKS = 1024  # HBM channel times are kept in 1/1024-cycle ticks (docs/timing-model.md)
 
-UNARY = {"vmov": ew.UN_MOV, "vexp": ew.UN_EXP, "vgelu": ew.UN_GELU_TANH,
-         "vgelue": ew.UN_GELU_ERF, "vsilu": ew.UN_SILU, "vrsqrt": ew.UN_RSQRT}
-BINARY = {"vadd": ew.BIN_ADD, "vsub": ew.BIN_SUB, "vmul": ew.BIN_MUL, "vmax": ew.BIN_MAX,
-          "vmin": ew.BIN_MIN}
-BINARY_SCALAR = {"vadds": ew.BIN_ADD, "vmuls": ew.BIN_MUL}
+# Elementwise instructions by shape (isa.spec.ELEMENTWISE_SHAPES): mnemonic -> the code of the
+# kernel its mnemonic names in kernels/elementwise.py.
+UNARY = {i.mnemonic: ew.UNARY_OPS[i.kernel] for i in INSTRUCTIONS if i.shape == "unary"}
+BINARY = {i.mnemonic: ew.BINARY_OPS[i.kernel] for i in INSTRUCTIONS if i.shape == "binary"}
+BINARY_SCALAR = {i.mnemonic: ew.BINARY_OPS[i.kernel] for i in INSTRUCTIONS
+                 if i.shape == "scalar"}
 INT_BINARY = {
     "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
     "and": lambda a, b: a & b, "or": lambda a, b: a | b, "xor": lambda a, b: a ^ b,
@@ -380,17 +381,12 @@ class Reference:
         if ins.group == "matrix":
             self.matrix_op(pe, ins, dsd[a], dsd[b], dsd[c])
             return
-        # operand roles
-        if ins.group == "reduce":
-            dst, srcs = None, [dsd[b]] + ([dsd[c]] if name == "rdot" else [])
-        elif name == "vfill":
-            dst, srcs = dsd[a], []
-        elif name in BINARY:
-            dst, srcs = dsd[a], [dsd[b], dsd[c]]
-        else:  # unary, vadds, vmuls, vfma
-            dst, srcs = dsd[a], [dsd[b]]
+        # operand roles (isa/spec.py): the descriptors data is written and read through
+        regs = {"A": a, "B": b, "C": c}
+        dst = dsd[regs[ins.operands[ins.destination][2]]] if ins.destination >= 0 else None
+        srcs = [dsd[regs[ins.operands[i][2]]] for i in ins.sources]
         if pe.done == 0:
-            self.check_operands(pe, name, dst, srcs)
+            self.check_operands(pe, ins, dst, srcs)
             if dst is not None and dst[KIND] == DSD_FABOUT and \
                     self.ld.tree_start[pe.index * self.ld.colors + dst[COLOR]] < 0:
                 raise Fault(F_NO_ROUTE)
@@ -443,11 +439,11 @@ class Reference:
                 self.write(pe, dst, out, k)
         self.finish_chunk(pe, ins, k, n, start, end)
 
-    def check_operands(self, pe: PE, name, dst, srcs) -> None:
+    def check_operands(self, pe: PE, ins, dst, srcs) -> None:
         if dst is not None:
             if dst[KIND] == DSD_FABIN:
                 raise Fault(F_FABIN_DEST)
-            if name in ("vfill", "vfma") and dst[KIND] != DSD_MEM:
+            if ins.roles[ins.destination].startswith("mem") and dst[KIND] != DSD_MEM:
                 raise Fault(F_DEST_NOT_MEM)
         for s in srcs:
             if s[KIND] == DSD_FABOUT:

@@ -23,7 +23,7 @@ from wse_emu.isa.errors import AsmError, BuildError
 from wse_emu.isa.expr import (CONSTANTS, RESERVED, ExprError, Node, Token, evaluate, first_col, parse,
                       split_comment, tokenize, truth)
 from wse_emu.isa.program import DIR_BITS, Program
-from wse_emu.isa.spec import BY_MNEMONIC, DTYPES, N_IREGS, STORAGE_DTYPES
+from wse_emu.isa.spec import BY_MNEMONIC, DTYPES, N_IREGS, STORAGE_DTYPES, SYMBOL_DTYPES
 
 BLOCK_OPEN = {".if": ".endif", ".rep": ".endrep", ".region": ".endregion"}
 DIRECTIVES = (".param", ".set", ".assert", ".if", ".elif", ".else", ".endif", ".rep", ".endrep",
@@ -557,7 +557,7 @@ class _Assembler:
                 if a[k].node.kind != "str" or not a[k].node.value:
                     self.fail(f"{k}= must be a non-empty string", first_col(a[k].node))
                 strings[k] = a[k].node.value
-        dtype = self.dtype_value(a["dtype"].node, ("f32", "f16", "bf16", "i32")) \
+        dtype = self.dtype_value(a["dtype"].node, SYMBOL_DTYPES) \
             if "dtype" in a else None
         loc = self.loc(a["name"].col)
         if "safetensors" in strings:
@@ -606,7 +606,7 @@ class _Assembler:
         self.no_region(stmt)
         a = self.args(stmt, ["name", "dtype", "shape"])
         name = self.name_value(a["name"].node, f"{kind} name")
-        dtype = self.dtype_value(a["dtype"].node, ("f32", "f16", "bf16", "i32"))
+        dtype = self.dtype_value(a["dtype"].node, SYMBOL_DTYPES)
         fn = self.pb.input if kind == "input" else self.pb.output
         self.build_call(fn, name, dtype, self.shape_value(a["shape"].node),
                         loc=self.loc(a["name"].col))

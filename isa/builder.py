@@ -33,14 +33,12 @@ from wse_emu.isa.errors import BuildError, EncodingError, FormatError
 from wse_emu.isa.expr import PLAIN_NAME, RESERVED
 from wse_emu.isa.program import (DIR_BITS, Alloc, DataInit, HbmAlloc, HbmInit, HbmPiece, Program, Rect,
                          Region, RouteRule, Symbol, Tensor, TileMap)
-from wse_emu.isa.spec import BY_MNEMONIC, DTYPE_BYTES, DTYPE_NAMES, DTYPES, INSTRUCTIONS, STORAGE_DTYPES
+from wse_emu.isa.program_checks import check_program
+from wse_emu.isa.spec import (BY_MNEMONIC, DTYPE_BYTES, DTYPE_NAMES, DTYPES, INSTRUCTIONS,
+                               STORAGE_DTYPES, SYMBOL_DTYPES, TENSOR_DTYPES, TENSOR_ITEMSIZE)
 
 Loc = tuple[str, int, int]
 
-# Tensor dtypes: the name used in .wsa files -> the Program.Tensor dtype string.
-TENSOR_DTYPES = {"f32": "<f4", "f16": "<f2", "bf16": "bf16", "i32": "<i4"}
-TENSOR_ITEMSIZE = {"<f4": 4, "<f2": 2, "bf16": 2, "<i4": 4}
-SYMBOL_DTYPES = ("f32", "f16", "bf16", "i32")
 
 
 class Addr:
@@ -701,7 +699,6 @@ class ProgramBuilder:
             hbm_allocs=tuple(a for a, _ in self._hbm_allocs),
             hbm_inits=tuple(i for i, _ in self._hbm_inits),
             hbm_pieces=tuple(p for p, _ in self._hbm_pieces))
-        from wse_emu.isa.binfmt import check_program
         try:
             check_program(program)
         except FormatError as e:

@@ -14,12 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
-from wse_emu.isa.binfmt import check_program, rect_inside
-from wse_emu.isa.builder import TENSOR_DTYPES
+from wse_emu.isa.program_checks import check_program, rect_inside
 from wse_emu.isa.encoding import float_text, format_instr
 from wse_emu.isa.expr import KEYWORDS, PLAIN_NAME, RESERVED
 from wse_emu.isa.program import DIR_NAMES, Program, Region, TileMap
-from wse_emu.isa.spec import DTYPE_BYTES, DTYPE_NAMES
+from wse_emu.isa.spec import DTYPE_BYTES, DTYPE_NAMES, TENSOR_DTYPES
 
 _TENSOR_DTYPE_NAMES = {v: k for k, v in TENSOR_DTYPES.items()}
 _NPY_DTYPES = {"<f4": "<f4", "<f2": "<f2", "<i4": "<i4", "bf16": "<u2"}

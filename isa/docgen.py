@@ -69,6 +69,10 @@ def render_isa_md() -> str:
     rows = [[f"`{kind}`", kind_text(kind), ", ".join(spec.KIND_SLOTS[kind]), KIND_SYNTAX[kind]]
             for kind in spec.OPERAND_KINDS]
     out += _table(["kind", "value", "slots", "assembly"], rows)
+    out += ["", "## Operand roles", "",
+            "What an instruction does with each operand. The emulator's operand checks and its "
+            "dispatch of tensor operands are derived from these roles.", ""]
+    out += _table(["role", "meaning"], [[f"`{r}`", text] for r, text in spec.ROLES.items()])
     out += ["", "## Registers", "",
             f"- `r0`..`r{spec.N_IREGS - 1}`: integer registers (int64, wrap-around); "
             "`r0` is an ordinary register.",
@@ -90,7 +94,8 @@ def render_isa_md() -> str:
             if ins.group != group:
                 continue
             syntax = f"`{ins.mnemonic} {', '.join(op[0] for op in ins.operands)}".rstrip() + "`"
-            kinds = ", ".join(f"{name}: {kind} ({slot})" for name, kind, slot in ins.operands)
+            kinds = ", ".join(f"{name}: {kind} ({slot}) {role}"
+                              for (name, kind, slot), role in zip(ins.operands, ins.roles))
             rows.append([syntax, kinds or "-", f"0x{ins.opcode:02x}", f"`{ins.cost}`", ins.doc])
         out += ["", f"## {GROUP_TITLES[group]}", ""]
         out += _table(["instruction", "operands", "opcode", "cost", "meaning"], rows)

@@ -15,6 +15,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from wse_emu.isa.spec import SYMBOL_DTYPES
+
 from wse_emu.isa.encoding import REGISTERS, FBits
 
 
@@ -227,7 +229,7 @@ def parse(tokens: list[Token], end_col: int = 1) -> Node:
 # ---------------------------------------------------------------------------------------------
 # Evaluator.
 
-DTYPE_WORDS = ("f32", "f16", "bf16", "i32")  # dtype names are values in expressions
+DTYPE_WORDS = SYMBOL_DTYPES  # dtype names are values in expressions
 CONSTANTS = {"inf": math.inf, "nan": math.nan, **{d: d for d in DTYPE_WORDS}}
 FUNCTIONS = ("min", "max", "abs", "fbits")
 KEYWORDS = ("and", "or", "not")

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
+from wse_emu.isa.spec import FLOAT_DTYPES, SYMBOL_DTYPES
+
 T = "T"  # the symbolic number of positions processed in one step
-FLOAT_DTYPES = ("f32", "f16", "bf16")
-DTYPES = FLOAT_DTYPES + ("i32",)
+DTYPES = SYMBOL_DTYPES  # a graph value's types: the floats and i32 (isa/spec.py's table)
 FORMAT = "wse-emu.graph"
 FORMAT_VERSION = 1
 

@@ -6,7 +6,7 @@ import math
 import re
 
 from wse_emu.isa.encoding import decode
-from wse_emu.isa.builder import TENSOR_ITEMSIZE
+from wse_emu.isa.spec import TENSOR_ITEMSIZE
 from wse_emu.isa.program import Program, Region
 from wse_emu.isa.spec import DTYPE_NAMES
 

@@ -13,12 +13,13 @@ Fabric payloads are uint32 wavelets: fp32 bits, or the 16-bit pattern in the low
 import numpy as np
 from numba import njit
 
+from wse_emu.isa.spec import DTYPES
 from wse_emu.kernels.convert import (bf16_to_f32, f16_to_f32, f32_bits, f32_from_bits, f32_to_bf16,
                              f32_to_f16)
 
-DT_F32 = 0
-DT_F16 = 1
-DT_BF16 = 2
+DT_F32 = DTYPES["f32"]  # dtype codes from isa/spec.py's table (Numba freezes them as constants)
+DT_F16 = DTYPES["f16"]
+DT_BF16 = DTYPES["bf16"]
 
 
 @njit(cache=True)

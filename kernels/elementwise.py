@@ -20,12 +20,19 @@ UN_GELU_TANH = 2
 UN_GELU_ERF = 3
 UN_SILU = 4
 UN_RSQRT = 5
+UN_TANH = 6
 
 BIN_ADD = 0
 BIN_SUB = 1
 BIN_MUL = 2
 BIN_MAX = 3
 BIN_MIN = 4
+
+# The kernel names of isa/spec.py's elementwise instructions (Instr.kernel: vexp -> "exp",
+# vadd and vadds -> "add") -> the code `unary` or `binary`/`binary_scalar` selects them by.
+UNARY_OPS = {"mov": UN_MOV, "exp": UN_EXP, "gelu": UN_GELU_TANH, "gelue": UN_GELU_ERF,
+             "silu": UN_SILU, "rsqrt": UN_RSQRT, "tanh": UN_TANH}
+BINARY_OPS = {"add": BIN_ADD, "sub": BIN_SUB, "mul": BIN_MUL, "max": BIN_MAX, "min": BIN_MIN}
 
 # The GELUs are evaluated in float64 in forms equal to the documented formulas but free of
 # their cancellation: for x << 0, 1 + tanh(u) and 1 + erf(v) lose every significant bit in
@@ -77,6 +84,9 @@ def unary(op, a, out, k):
     elif op == UN_RSQRT:
         for i in range(k):
             out[i] = frsqrt(a[i])
+    elif op == UN_TANH:
+        for i in range(k):
+            out[i] = np.float32(math.tanh(np.float64(a[i])))
 
 
 @njit(cache=True)

@@ -23,8 +23,9 @@ from wse_emu.isa.compiler.routing import route
 from wse_emu.isa.errors import BuildError
 from wse_emu.isa.machine import Machine
 from wse_emu.isa.graph import Graph, GraphError, bind_positions, format_graph, from_json, verify
+from wse_emu.isa.spec import FLOAT_ALIASES
 
-DTYPE_NAMES = {"f32": "f32", "fp32": "f32", "f16": "f16", "fp16": "f16", "bf16": "bf16"}
+DTYPE_NAMES = FLOAT_ALIASES  # every accepted spelling -> the dtype name (isa/spec.py's table)
 DUMPS = ("graph", "stages", "placement", "routes")
 
 

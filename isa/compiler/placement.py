@@ -26,13 +26,14 @@ from dataclasses import dataclass
 
 from wse_emu.isa.compiler.lower import CompileError, Plan, Stage
 from wse_emu.isa.program import Rect
+from wse_emu.isa.spec import FLOAT_BYTES
 
 class DoesNotFit(CompileError):
     """The stages need more of the fabric than the machine has."""
 
 
 CODE_RESERVE = 3072  # bytes of SRAM kept for code (8 bytes an instruction) and scalars
-WEIGHT_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
+WEIGHT_BYTES = FLOAT_BYTES  # bytes of a weight element by dtype name (isa/spec.py's table)
 
 
 @dataclass

@@ -35,9 +35,11 @@ INT_OPS = ["add", "sub", "mul", "div", "rem", "and", "or", "xor", "slt"]
 INT_IMM_OPS = ["addi", "muli", "andi", "shli", "shri"]
 FLOAT_BIN = ["fadd", "fsub", "fmul", "fmax", "fmin", "fdiv"]
 FLOAT_UN = ["fmov", "fexp", "frsqrt", "fsqrt"]
-VEC_BIN = ["vadd", "vsub", "vmul", "vmax", "vmin"]
-VEC_UN = ["vmov", "vexp", "vgelu", "vgelue", "vsilu", "vrsqrt"]
-VEC_SCALAR = ["vadds", "vmuls", "vfma"]
+# The elementwise instructions by shape, from the table (in table order), so that a new one is
+# generated without an edit here
+VEC_BIN = [i.mnemonic for i in INSTRUCTIONS if i.shape == "binary"]
+VEC_UN = [i.mnemonic for i in INSTRUCTIONS if i.shape == "unary"]
+VEC_SCALAR = [i.mnemonic for i in INSTRUCTIONS if i.shape == "scalar"] + ["vfma"]
 
 
 class Gen:

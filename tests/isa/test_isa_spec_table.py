@@ -36,6 +36,12 @@ def _index(mnemonic: str) -> int:
     ("add", {"cost": "cheap"}, "unknown cost class"),
     ("vadd", {"cost": "scalar"}, "tensor cost class"),
     ("add", {"mnemonic": "Add"}, "lower-case identifier"),
+    ("add", {"roles": ("reg-w", "reg-r")}, "every operand needs a role"),
+    ("add", {"roles": ("reg-w", "reg-r", "read")}, "unknown role 'read'"),
+    ("add", {"roles": ("reg-r", "reg-r", "reg-r")}, "iregw operand cannot have role 'reg-r'"),
+    ("li", {"roles": ("reg-w", "reg-r")}, "imm operand cannot have role"),
+    ("dlen", {"roles": ("dsd-w", "reg-r")}, "reach data through a descriptor"),
+    ("vadd", {"roles": ("dsd-w", "dsd-w", "dsd-r")}, "at most one destination"),
 ])
 def test_broken_tables_are_refused(mnemonic, changes, message):
     with pytest.raises(spec.SpecError, match=message):
@@ -69,3 +75,19 @@ def test_docgen_check_mode(tmp_path, monkeypatch):
     assert docgen.main([]) == 0
     assert docgen.main(["--check"]) == 0
     assert stale.read_text() == docgen.render_isa_md()
+
+
+def test_roles_give_destinations_sources_and_shapes():
+    by = spec.BY_MNEMONIC
+    assert (by["vadd"].destination, by["vadd"].sources) == (0, (1, 2))
+    assert (by["rdot"].destination, by["rdot"].sources) == (-1, (1, 2))  # writes a register
+    assert (by["vfma"].destination, by["vfma"].sources) == (0, (1,))  # d is read and written
+    assert (by["dmast"].destination, by["dmast"].sources) == (-1, (0,))
+    assert [by[m].shape for m in ("vexp", "vsub", "vmuls", "vfill", "vfma", "rsum")] == \
+        ["unary", "binary", "scalar", None, None, None]
+    assert [by[m].kernel for m in ("vexp", "vsub", "vmuls", "vfill")] == \
+        ["exp", "sub", "mul", None]
+    for ins in spec.INSTRUCTIONS:  # every register an instruction writes is marked so
+        for (_name, kind, _slot), role in zip(ins.operands, ins.roles):
+            assert (kind == "iregw") == (role.startswith("reg-") and kind.startswith("ireg")
+                                         and role != "reg-r"), ins.mnemonic
