@@ -835,13 +835,16 @@ def check_program(program: Program) -> None:
 # MODEL: what a runtime needs to know about a compiled model (isa.program.ModelInfo)
 
 _MODEL_KEYS = {"family", "target", "mapping", "machine", "dtype", "layers", "hidden", "vocab",
-               "max_context", "positions", "parts"}
+               "max_context", "positions", "parts", "shape_only", "chips", "groups",
+               "crossing_cycles"}
 
 
 def _model_json(model: ModelInfo | None):
     if model is None:
         return None
-    d = {k: getattr(model, k) for k in _MODEL_KEYS - {"parts"}}
+    d = {k: getattr(model, k) for k in _MODEL_KEYS - {"parts", "groups", "crossing_cycles"}}
+    d["groups"] = [list(g) for g in model.groups]
+    d["crossing_cycles"] = list(model.crossing_cycles)
     d["parts"] = [{"name": p.name, "layer": p.layer, "regions": list(p.regions),
                    "predicted_cycles": p.predicted_cycles} for p in model.parts]
     return d
@@ -851,9 +854,22 @@ def _read_model(doc) -> ModelInfo | None:
     if doc is None:
         return None
     s = _Schema("META")
+    if isinstance(doc, dict):  # files written before the optional keys existed lack them
+        doc = {**{k: v for k, v in (("shape_only", False), ("chips", 1), ("groups", []),
+                                    ("crossing_cycles", [])) if k not in doc}, **doc}
     d = s.dict(doc, "model", _MODEL_KEYS)
     for k in ("family", "target", "mapping", "machine", "dtype"):
         s.str(d[k], k)
+    if not isinstance(d["shape_only"], bool):
+        s.fail("model.shape_only", f"expected true or false, got {d['shape_only']!r}")
+    chips = s.int(d["chips"], "chips")
+    groups = []
+    for i, g in enumerate(s.list(d["groups"], "groups")):
+        first, count = (s.int(v, f"groups[{i}][{j}]")
+                        for j, v in enumerate(s.list(g, f"groups[{i}]", 2)))
+        groups.append((first, count))
+    crossings = tuple(s.int(v, f"crossing_cycles[{i}]")
+                      for i, v in enumerate(s.list(d["crossing_cycles"], "crossing_cycles")))
     ints = {k: s.int(d[k], k) for k in ("layers", "hidden", "vocab", "max_context",
                                         "positions")}
     parts = []
@@ -867,7 +883,35 @@ def _read_model(doc) -> ModelInfo | None:
         parts.append(ModelPart(s.str(q["name"], f"parts[{i}].name"), layer, regions,
                                s.int(q["predicted_cycles"], f"parts[{i}].predicted_cycles")))
     return ModelInfo(d["family"], d["target"], d["mapping"], d["machine"], d["dtype"],
-                     parts=tuple(parts), **ints)
+                     parts=tuple(parts), shape_only=d["shape_only"], chips=chips,
+                     groups=tuple(groups), crossing_cycles=crossings, **ints)
+
+
+def _check_groups(m: ModelInfo) -> None:
+    """A split model's groups: one per chip, each (first layer, layers >= 1), contiguous from
+    layer 0 to the last; one predicted crossing a boundary between two chips."""
+    if not m.groups:
+        if m.crossing_cycles:
+            _fail("model crossing_cycles given without groups", "model")
+        return
+    if len(m.groups) != m.chips:
+        _fail(f"model groups: {len(m.groups)} groups for {m.chips} chips (one a chip)", "model")
+    nxt = 0
+    for c, g in enumerate(m.groups):
+        if not isinstance(g, tuple) or len(g) != 2 or any(
+                isinstance(v, bool) or not isinstance(v, int) for v in g):
+            _fail(f"model groups[{c}] must be (first layer, layers), got {g!r}", "model")
+        first, count = g
+        if first != nxt or count < 1:
+            _fail(f"model groups[{c}] = {g!r}: groups must be contiguous from layer 0, each "
+                  f"of at least one layer (expected first layer {nxt})", "model")
+        nxt = first + count
+    if nxt != m.layers:
+        _fail(f"model groups cover layers 0..{nxt - 1}, not the model's {m.layers}", "model")
+    if len(m.crossing_cycles) != m.chips - 1 or any(
+            isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in m.crossing_cycles):
+        _fail(f"model crossing_cycles must be {m.chips - 1} integers >= 0 (one a boundary), "
+              f"got {list(m.crossing_cycles)!r}", "model")
 
 
 def _check_model(program: Program) -> None:
@@ -888,6 +932,11 @@ def _check_model(program: Program) -> None:
             _fail(f"model {field} must be a positive integer, got {v!r}", "model")
     if m.positions > m.max_context:
         _fail(f"model positions {m.positions} exceed max_context {m.max_context}", "model")
+    if not isinstance(m.shape_only, bool):
+        _fail(f"model shape_only must be true or false, got {m.shape_only!r}", "model")
+    if isinstance(m.chips, bool) or not isinstance(m.chips, int) or m.chips < 1:
+        _fail(f"model chips must be a positive integer, got {m.chips!r}", "model")
+    _check_groups(m)
     regions = {r.name for r in program.regions}
     seen: dict[str, str] = {}
     names = set()

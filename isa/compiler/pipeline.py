@@ -11,6 +11,8 @@ passes after which the state is printed (to `dump_to`, stderr by default):
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import sys
 from pathlib import Path
 
@@ -113,6 +115,8 @@ def compile_model(source, machine, dtype: str = "f32", max_context: int | None =
         from wse_emu.isa.compiler.hbm import compile_hbm, format_hbm
         name = Path(str(source)).name.replace(".graph.json", "") or "model"
         program, report = compile_hbm(plan, machine, dtype, shape_only, base_dir, name)
+        if program.model is not None and program.model.shape_only != shape_only:
+            program = replace(program, model=replace(program.model, shape_only=shape_only))
         if "placement" in dump:
             print(format_hbm(program, report), file=out)
         if "routes" in dump:
@@ -166,7 +170,7 @@ def _stage_chain(plan, machine, dtype, shape_only, base_dir, source, dump, out):
     Codegen(pb, plan, placed, own, Weights(pb, base_dir), dtype, shape_only).run()
     # pack: symbols, tensors by reference, metadata, and the report
     try:
-        return pack(pb, plan, placed, machine, dtype, pb.name)
+        return pack(pb, plan, placed, machine, dtype, pb.name, shape_only)
     except BuildError as e:
         raise CompileError(f"internal: the generated program is invalid: {e}") from None
 
