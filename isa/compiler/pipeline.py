@@ -139,8 +139,8 @@ def compile_model(source, machine, dtype: str = "f32", max_context: int | None =
                 raise CompileError(f"the wafer mapping does not apply: {e}") from None
             wafer_error = None
         except CompileError as e:  # does not fit: the stage chain may (a small machine)
-            if grid is not None or mapping == "wafer":
-                raise
+            if grid is not None or mapping == "wafer" or machine.chips > 1:
+                raise  # the stage chain knows no systems: a split is the wafer mapping's
             wafer_error = e
         try:
             return _stage_chain(plan, machine, dtype, shape_only, base_dir, source, dump, out)

@@ -192,7 +192,7 @@ def _arrange(dec: Decoder, geo: Geometry, machine, dtype: str, exact: bool,
         return None
     room = []  # the most layers each wafer holds beside its embedding / head
     for c in range(chips):
-        if 0 < c < chips - 2:  # the middle wafers are alike
+        if 1 < c < chips - 1:  # the middle wafers are alike (the first of them computed)
             room.append(room[-1])
             continue
         g = 0
@@ -299,12 +299,18 @@ def _refusal(dec, machine, dtype, exact, biases, sides, name) -> str:
         chip = machine.chip
         for chips in range(machine.chips + 1, MAX_CHIPS + 1):
             system = system_of(chip, chips)
-            if any(_arrange(dec, geometry(dec, n), system, dtype, exact) is not None
-                   for n in fitting):
+            fits = [n for n in fitting
+                    if _arrange(dec, geometry(dec, n), system, dtype, exact) is not None]
+            if fits:
+                n = fits[0]
                 weights = _layer_weights(dec) * WEIGHT_BYTES[dtype]
-                return (f"{name} needs {chips} wafers of {chip.name} ({len(dec.layers)} layers, "
-                        f"{weights / 1e9:.1f} GB of layer weights) but machine '{machine.name}' "
-                        f"has {machine.chips}: use --machine {chip.name}x{chips}")
+                return (f"{name} needs {chips} wafers of {chip.name} (--machine "
+                        f"{chip.name}x{chips}): needs {len(dec.layers) * n * n} PEs "
+                        f"({len(dec.layers)} layers on {n} x {n} grids, {weights / 1e9:.1f} GB "
+                        f"of layer weights; embedding and head more) but machine "
+                        f"'{machine.name}' is {machine.width} x {machine.height} "
+                        f"({machine.pes} PEs); it would fit {chips} such wafers, its layers "
+                        f"split between them")
     fit = 0
     for n in sides:
         lo, hi = 0, dec.max_context
