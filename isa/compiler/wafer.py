@@ -305,7 +305,7 @@ def _refusal(dec, machine, dtype, exact, biases, sides, name) -> str:
                 n = fits[0]
                 weights = _layer_weights(dec) * WEIGHT_BYTES[dtype]
                 return (f"{name} needs {chips} wafers of {chip.name} (--machine "
-                        f"{chip.name}x{chips}): needs {len(dec.layers) * n * n} PEs "
+                        f"{chip.name}x{chips}): the model needs {len(dec.layers) * n * n} PEs "
                         f"({len(dec.layers)} layers on {n} x {n} grids, {weights / 1e9:.1f} GB "
                         f"of layer weights; embedding and head more) but machine "
                         f"'{machine.name}' is {machine.width} x {machine.height} "
