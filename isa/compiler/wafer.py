@@ -35,7 +35,7 @@ from wse_emu.isa.compiler import map_attention, map_elementwise, map_embedding, 
 from wse_emu.isa.compiler.decoder import Decoder, Geometry, extract, geometry, grid_sides
 from wse_emu.isa.compiler.emit import I32, Labels
 from wse_emu.isa.compiler.lines import LineKind, allreduce, cycles as line_cycles, routes, \
-    setup_flags
+    setup_flags, setup_roles
 from wse_emu.isa.compiler.lower import CompileError, Plan
 from wse_emu.isa.compiler.pack import CompileReport, Weights, part_name, with_model
 from wse_emu.isa.compiler.placement import WEIGHT_BYTES
@@ -100,6 +100,7 @@ class Mapping:
     bands: int  # the most bands on one wafer
     predicted: dict = field(default_factory=dict)  # part -> cycles (and "crossing c-c+1")
     groups: list = field(default_factory=list)  # per wafer: (first layer, layers)
+    line_groups: tuple = (0, 0)  # two-phase group size of the column and row lines (0: chain)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,8 +272,11 @@ def choose(dec: Decoder, machine, dtype: str, exact: bool, grid: int | None = No
         mp = _arrange(dec, geo, machine, dtype, exact)
         if mp is None:
             continue
+        forms = line_forms(dec, geo, machine, dtype)
+        mp.line_groups = forms
         if machine.chips > 1:  # again, with the groups balanced by the cost model
             mp = _arrange(dec, geo, machine, dtype, exact, split_costs(mp, machine, dtype))
+            mp.line_groups = forms
         mp.predicted = predict(mp, machine, dtype)
         total = sum(mp.predicted.values())
         if best is None or total < best[0]:
@@ -280,6 +284,22 @@ def choose(dec: Decoder, machine, dtype: str, exact: bool, grid: int | None = No
     if best is None:
         raise CompileError(_refusal(dec, machine, dtype, exact, biases, sides, name))
     return best[1]
+
+
+def line_forms(dec: Decoder, geo: Geometry, machine, dtype: str) -> tuple:
+    """(column, row) group sizes of the layers' line allreduces (0: the chain form): for each
+    kind of line, the form with the fewest cycles over the allreduces a layer makes on it
+    (lines.cycles; a dry run of the layer lists them)."""
+    dry = _DryRun(geo, dtype, machine, bool(dec.rope_theta), dec.family == "gpt2")
+    _layer_body(dry, dec.layers[0], receive=None, send=None)
+    side = geo.n - 1 - (geo.n - 1) // 2
+    out = []
+    for line in (dry.col, dry.row):
+        calls = [(n, b) for key, n, b in dry.calls if key == line.colors]
+        best = min(range(side + 1), key=lambda g: (
+            sum(line_cycles(machine, geo.n, n, b, group=g) for n, b in calls), g))
+        out.append(best)
+    return tuple(out)
 
 
 def split_costs(mp: Mapping, machine, dtype: str) -> tuple:
@@ -355,7 +375,8 @@ def predict(mp: Mapping, machine, dtype: str) -> dict:
     layer, the head. A layer is the sum of its PE's local ops and its line collectives (the
     same code every PE runs, isa.compiler.predict), plus its hand-off."""
     geo, dec = mp.geo, mp.dec
-    dry = _DryRun(geo, dtype, machine, bool(dec.rope_theta), dec.family == "gpt2")
+    dry = _DryRun(geo, dtype, machine, bool(dec.rope_theta), dec.family == "gpt2",
+                  mp.line_groups)
     layer = dec.layers[0]
     _layer_body(dry, layer, receive=None, send=None)
     body = dry.total()
@@ -370,11 +391,12 @@ def predict(mp: Mapping, machine, dtype: str) -> dict:
                 out[f"crossing {it.chip - 1}-{it.chip}"] = crossing_cycles(
                     mp.items[k - 1], it, geo, machine)
             out[f"layer {it.index}"] = body + hand
-    hd = _DryRun(geo, dtype, machine, False, False)
+    hd = _DryRun(geo, dtype, machine, False, False, mp.line_groups)
     map_elementwise.norm(hd, dec.final_norm, 0, 0, {p: 0 for p in dec.final_norm.params})
     m, vb = mp.head_cols
     hd.charge("lm head", hd.cost.mat(vb, geo.K, 1, dtype, "f32"))
-    hd.charge("lm head reduce", line_cycles(machine, geo.n, vb, broadcast=False))
+    hd.charge("lm head reduce", line_cycles(machine, geo.n, vb, broadcast=False,
+                                            group=mp.line_groups[0]))
     out["head"] = hd.total() + dry.cost.send(geo.K, geo.n)
     return out
 
@@ -409,12 +431,12 @@ class _NoCode:
 class _Ctx:
     """What the strategies need while emitting one grid's code (or pricing it)."""
 
-    def __init__(self, geo, dtype, machine, rope: bool, biases: bool):
+    def __init__(self, geo, dtype, machine, rope: bool, biases: bool, groups=(0, 0)):
         self.geo, self.dtype, self.machine = geo, dtype, machine
         self.cost = Cost(machine)
         self.rope, self.biases = rope, biases
-        self.col = LineKind("column", geo.n, COL, "r14", ("r3", "r4", "r5", "r6"))
-        self.row = LineKind("row", geo.n, ROW, "r13")
+        self.col, self.row = line_kinds(geo.n, groups)
+        self.calls: list = []  # (line colors, n, broadcast) of every allreduce, in order
         self.seg = LineKind("row", geo.s, SEG, "r12")
         self.colors = {"mask": MASK, "rope": ROPE}
         self.bufs: dict = {}
@@ -426,7 +448,8 @@ class _Ctx:
 
     def allreduce(self, line, buf, n, op="add", what="allreduce", broadcast=True) -> None:
         allreduce(self.rb, self.labels, line, buf, n, op, broadcast)
-        self.charge(what, line_cycles(self.machine, line.length, n, broadcast))
+        self.calls.append((line.colors, n, broadcast))
+        self.charge(what, line_cycles(self.machine, line.length, n, broadcast, line.group))
 
     def buf(self, name):
         return self.bufs[name]
@@ -438,9 +461,19 @@ class _Ctx:
         return CompileError(msg)
 
 
+def line_kinds(n: int, groups: tuple) -> tuple:
+    """The column and row lines of an n x n grid: the chain form with precomputed flags
+    (column) or compares (row), or the two-phase form with a role register."""
+    gc, gr = groups
+    col = (LineKind("column", n, COL, "r14", group=gc, role_reg="r7") if gc else
+           LineKind("column", n, COL, "r14", ("r3", "r4", "r5", "r6")))
+    row = LineKind("row", n, ROW, "r13", group=gr, role_reg="r8" if gr else "")
+    return col, row
+
+
 class _DryRun(_Ctx):
-    def __init__(self, geo, dtype, machine, rope, biases):
-        super().__init__(geo, dtype, machine, rope, biases)
+    def __init__(self, geo, dtype, machine, rope, biases, groups=(0, 0)):
+        super().__init__(geo, dtype, machine, rope, biases, groups)
         self.rb = _NoCode()
         self.shape_only = True
         self.bufs = _Zero()
@@ -504,7 +537,7 @@ class _Emitter:
 
     def ctx(self, rb):
         c = _Ctx(self.geo, self.dtype, self.machine, bool(self.mp.dec.rope_theta),
-                 self.mp.dec.family == "gpt2")
+                 self.mp.dec.family == "gpt2", self.mp.line_groups)
         c.rb, c.shape_only, c.weights = rb, self.shape_only, self.weights
         c.graph, c.declared = self.mp.dec.plan.graph, self.declared
         return c
@@ -517,8 +550,13 @@ class _Emitter:
         rb.sub("r14", "GY", "r1")
         rb.li("r1", self.geo.s)
         rb.rem("r12", "r13", "r1")
-        if flags:  # the column allreduces (six a layer) dispatch on precomputed flags
-            setup_flags(rb, LineKind("column", n, COL, "r14", ("r3", "r4", "r5", "r6")))
+        col, row = line_kinds(n, self.mp.line_groups)
+        w = n if it.kind == "layer" else self.mp.head_cols[0]
+        setup_roles(rb, col, lambda q: (0, q, w, 1))  # two-phase lines: each PE's role
+        if flags:
+            setup_roles(rb, row, lambda q: (q, 0, 1, n))
+            if not col.group:  # the chain form's column allreduces dispatch on flags
+                setup_flags(rb, col)
 
     # -- hand-offs ---------------------------------------------------------------------------
 
@@ -628,7 +666,9 @@ class _Emitter:
         params: dict = {}
         map_elementwise.load_norm(ctx, rb, dec.final_norm, params)
         map_head.load(ctx, rb, dec.head.ref, b["w"], vb, K, m)
-        ctx.col = LineKind("column", n, COL, "r14")
+        ctx.col = line_kinds(n, self.mp.line_groups)[0]
+        if not ctx.col.group:
+            ctx.col = LineKind("column", n, COL, "r14")  # (no flags set up in the head)
         self.position_regs(rb, it, flags=False)
         self.receiver(ctx, it, k)()
         map_elementwise.norm(ctx, dec.final_norm, b["x"], b["xn"], params)
@@ -696,8 +736,7 @@ def route(pb, mp: Mapping) -> int:
         if w > 0 and h > 0:
             count += 1
             pb.route(x, y, w, h, color, rx, tx)
-    col = LineKind("column", n, COL, "r14")
-    row = LineKind("row", n, ROW, "r13")
+    col, row = line_kinds(n, mp.line_groups)
     seg = LineKind("row", geo.s, SEG, "r12")
     items = mp.items
     for k, it in enumerate(items):
