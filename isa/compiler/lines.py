@@ -392,10 +392,11 @@ def _two_phase_cycles(machine, side: int, n: int, broadcast: bool, G: int) -> in
     hop, ramp, issue, sc = (machine.hop_latency, machine.ramp_latency, machine.issue_overhead,
                             machine.scalar_cycles)
     J = -(-side // G)
-    t = 8 * sc + issue + (G - 1) * (1 + 2 * ramp + hop) + n  # the group roots' sums
+    intra = (G - 1) * (1 + 2 * ramp + hop) + n if G > 1 else 0  # the group roots' sums
+    t = 8 * sc + issue + intra
     # the chain over the group roots: its stream reaches the root after a relay a group and a
     # hop a PE; measured, it also waits about one block behind the group roots' own adds
-    t += 8 * sc + issue + J * (1 + 2 * ramp) + ((J - 1) * G + 1) * hop + 2 * n
+    t += 8 * sc + issue + J * (1 + 2 * ramp) + ((J - 1) * G + 1) * hop + (2 if G > 1 else 1) * n
     t += sc + issue + n  # the root's second add
     if broadcast:
         t += 2 * sc + issue + 1 + 2 * ramp + side * hop + n + 2 * sc

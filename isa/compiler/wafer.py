@@ -18,7 +18,14 @@ block down its column to row r of the grid below, which multicasts it along its 
 
 Colors: 0-4 column allreduces, 5-9 row allreduces, 10-14 the KV heads' row segments, 15-16
 the hand-offs (alternating layer to layer), 17 the diagonal, 18 GPT-2's position embedding,
-19 the mask bus, 20 the RoPE bus.
+19 the mask bus, 20 the RoPE bus, 21-22 the crossings between wafers (a system).
+
+Systems. On a machine of several wafers (machine.chips > 1, wafer c holding rows
+[c H, (c + 1) H)) the layers are split into contiguous groups, one a wafer and every wafer
+used (split_layers, balanced by the cost model); each wafer's items snake through its own
+rows from its own row 0 (RoPE sources) as above, the embedding on wafer 0 and the head on the
+last, and the residual crosses from the last grid of a wafer to the first of the next
+(cross_path, crossing_cycles).
 """
 
 from __future__ import annotations
