@@ -74,16 +74,69 @@ def role(line: LineKind, q: int) -> int:
         ((j + off) % 2) << 3
 
 
-def setup_roles(rb, line: LineKind, rect_of) -> None:
-    """Once at a region's start: the PE's role word (one 32-bit word a PE, each position's
-    value given as data) into line.role_reg. rect_of(q): the region-relative rectangle of
-    the PEs at position q."""
+def setup_roles(rb, line: LineKind, rect_of=None) -> None:
+    """Once at a region's start: the PE's role (role()) into line.role_reg, computed from its
+    position register by scalar code (no data word: a timing-only run then keeps no SRAM for
+    the region). Temporaries r0, r1, r2, r9, r10, r11. rect_of: unused (the code is SPMD)."""
     if not line.group or line.length == 1:
         return
-    addr = rb.alloc(f"role_{line.axis}", 4)
-    for q in range(line.length):
-        rb.init(addr, "i32", [role(line, q)], rect=rect_of(q))
-    rb.lw(line.role_reg, ZR, addr)
+    q, R, m, L, G = line.pos_reg, line.role_reg, line.root, line.length, line.group
+    tag = f"role_{line.axis}_{line.colors[0]}"
+    right, done, groot, keep = (f"{tag}_right", f"{tag}_done", f"{tag}_groot", f"{tag}_keep")
+    t, side, off, j, u, p = "r2", "r9", "r11", "r0", "r1", "r10"
+    rb.li("r1", m)
+    rb.sub(t, q, "r1")  # right of the root: t = q - m, offset 1
+    rb.li(side, L - 1 - m)
+    rb.li(off, 1)
+    rb.bge(q, "r1", right)
+    rb.sub(t, "r1", q)  # left: t = m - q, offset 0
+    rb.li(side, m)
+    rb.li(off, 0)
+    rb.label(right)
+    rb.li(R, 0)
+    rb.beq(t, ZR, done)  # the root
+    rb.addi(u, t, -1)
+    rb.li(p, G)
+    rb.div(j, u, p)  # group j = (t - 1) // G
+    rb.rem(u, u, p)  # place in the group u = (t - 1) % G
+    rb.add(p, t, off)
+    rb.andi(p, p, 1)  # the intra color this PE sends on
+    rb.beq(u, ZR, groot)
+    rb.li(R, G)  # size - 1 = min(G, side - j G) - 1 into side
+    rb.mul(R, j, R)
+    rb.sub(side, side, R)
+    rb.li(R, G)
+    rb.blt(side, R, keep)
+    rb.addi(side, R, 0)
+    rb.label(keep)
+    rb.addi(side, side, -1)
+    rb.addi(R, p, 1)  # an intra relay: 1 + p
+    rb.bne(u, side, done)
+    rb.addi(R, p, 3)  # the chain's end: 3 + p
+    rb.jmp(done)
+    rb.label(groot)  # 16 | size > 1 | (1 - p) << 1 | has_inter << 2 | ((j + off) & 1) << 3
+    rb.li(u, 1)
+    rb.sub(u, u, p)
+    rb.muli(u, u, 2)
+    rb.addi(R, u, 16)
+    rb.li(u, G)
+    rb.mul(u, j, u)
+    rb.sub(u, side, u)  # side - j G
+    if G > 1:
+        rb.li(p, 1)
+        rb.slt(p, p, u)
+        rb.add(R, R, p)
+    rb.addi(u, side, -1)
+    rb.li(p, G)
+    rb.div(u, u, p)  # the last group's index
+    rb.slt(u, j, u)
+    rb.muli(u, u, 4)
+    rb.add(R, R, u)
+    rb.add(u, j, off)
+    rb.andi(u, u, 1)
+    rb.muli(u, u, 8)
+    rb.add(R, R, u)
+    rb.label(done)
 
 
 def _two_phase(rb, labels, line: LineKind, n: int, vop, broadcast: bool) -> None:

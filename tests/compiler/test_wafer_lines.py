@@ -18,12 +18,21 @@ def wse3():
     return load_machine("wse3")
 
 
+def _allreduce_cycles(machine, L, n, group, axis):
+    """Emulated cycles of the allreduce alone, and the outputs."""
+    ex = execute(_program(L, n, group, axis)[0], machine)
+    setup = execute(_program(L, n, group, axis, reduce=False)[0], machine).result.cycles
+    return ex.result.cycles - setup, ex.outputs["out"]
+
+
 def _values(L: int, n: int) -> np.ndarray:
     return np.array([[q + 1 + 1000 * k for k in range(n)] for q in range(L)], np.float32)
 
 
-def _program(L: int, n: int, group: int, axis: str, broadcast: bool = True, op: str = "add"):
-    """A region of L PEs along `axis`, PE q holding row q of _values, one allreduce."""
+def _program(L: int, n: int, group: int, axis: str, broadcast: bool = True, op: str = "add",
+             reduce: bool = True):
+    """A region of L PEs along `axis`, PE q holding row q of _values, one allreduce (none
+    with reduce=False: the setup alone, whose cycles the allreduce's are counted from)."""
     pb = ProgramBuilder("line")
     w, h = (L, 1) if axis == "row" else (1, L)
     line = LineKind(axis, L, (0, 1, 2, 3, 4), "r13" if axis == "row" else "r14", (), group,
@@ -45,7 +54,8 @@ def _program(L: int, n: int, group: int, axis: str, broadcast: bool = True, op: 
     rb.sub("r13", "GX", "r1")
     rb.sub("r14", "GY", "r1")
     setup_roles(rb, line, rect)
-    allreduce(rb, Labels(), line, buf, n, op=op, broadcast=broadcast)
+    if reduce:
+        allreduce(rb, Labels(), line, buf, n, op=op, broadcast=broadcast)
     rb.piece("out", buf, "f32", (1, n), (0, 0, 1) if axis == "row" else (0, 1, 0), 0)
     rb.halt()
     return pb.build(), line
@@ -56,21 +66,21 @@ def _program(L: int, n: int, group: int, axis: str, broadcast: bool = True, op: 
     (33, 2, 4, "row"), (64, 48, 4, "column"), (100, 8, 5, "row"), (128, 1, 8, "column"),
     (128, 32, 8, "row"), (129, 16, 7, "column")])
 def test_two_phase_allreduce_sums_and_follows_its_formula(L, n, group, axis, wse3):
-    program, line = _program(L, n, group, axis)
-    ex = execute(program, wse3)
+    got, out = _allreduce_cycles(wse3, L, n, group, axis)
     want = _values(L, n).sum(axis=0)
-    np.testing.assert_array_equal(ex.outputs["out"], np.broadcast_to(want, (L, n)))
+    np.testing.assert_array_equal(out, np.broadcast_to(want, (L, n)))
     predicted = cycles(wse3, L, n, group=group)
-    assert abs(predicted - ex.result.cycles) <= 0.15 * ex.result.cycles, \
-        (predicted, ex.result.cycles)
+    if L >= 16:  # (on shorter lines the dispatch's few cycles are most of it: the chain wins)
+        assert abs(predicted - got) <= 0.15 * got, (predicted, got)
+    else:
+        assert abs(predicted - got) <= 30, (predicted, got)
 
 
 @pytest.mark.parametrize("L,n", [(16, 1), (64, 8), (128, 48)])
 def test_chain_form_follows_its_formula(L, n, wse3):
-    program, _ = _program(L, n, 0, "row")
-    ex = execute(program, wse3)
-    np.testing.assert_array_equal(ex.outputs["out"][0], _values(L, n).sum(axis=0))
-    assert abs(cycles(wse3, L, n) - ex.result.cycles) <= 0.1 * ex.result.cycles
+    got, out = _allreduce_cycles(wse3, L, n, 0, "row")
+    np.testing.assert_array_equal(out[0], _values(L, n).sum(axis=0))
+    assert abs(cycles(wse3, L, n) - got) <= 0.1 * got, (cycles(wse3, L, n), got)
 
 
 def test_two_phase_reduce_and_max(wse3):
@@ -87,10 +97,10 @@ def test_two_phase_reduce_and_max(wse3):
 def test_two_phase_wins_on_long_lines_with_small_blocks(wse3):
     """The point of the form: a 128-PE line's scalar allreduce in about half the chain's
     cycles, emulated; with long blocks the chain stays (best_group says 0 or its cost wins)."""
-    chain = execute(_program(128, 1, 0, "row")[0], wse3).result.cycles
+    chain = _allreduce_cycles(wse3, 128, 1, 0, "row")[0]
     G = best_group(wse3, 128, 1)
     assert G > 1
-    two = execute(_program(128, 1, G, "row")[0], wse3).result.cycles
+    two = _allreduce_cycles(wse3, 128, 1, G, "row")[0]
     assert two < 0.6 * chain
     G = best_group(wse3, 128, 224)
     assert G == 0 or cycles(wse3, 128, 224, group=G) < cycles(wse3, 128, 224)
