@@ -109,6 +109,16 @@ def markdown(suite: dict) -> str:
               "time); hottest link = its wavelets / cycles. Floors: HBM weights = weight bytes / "
               "peak HBM bandwidth, HBM moved = reported HBM bytes / peak, SIMD = FLOPs / peak, "
               "link = hottest link's wavelets / clock.", "", f"Batch: {meta['batch_sweep']}."]
+    predicted = []
+    for c in cases:
+        f = c["figures"] if c["status"] == "ok" else {}
+        if f.get("predicted_cycles_per_token"):
+            want, got = f["predicted_cycles_per_token"], f["cycles_per_token"]
+            predicted.append(f"{c['model']} on {c['machine']}: predicted {want:,} cycles, "
+                             f"emulated {got:,} (emulated / predicted {got / want:.2f})")
+    if predicted:
+        lines += ["", "The compiler's cost model beside the emulator (cycles a token):", ""] + \
+            [f"- {p}" for p in predicted]
     paths = [f"{c['model']} on {c['machine']}: " + ", ".join(
                  f"{PARTS.get(k, k)} {_share(v / c['figures']['seconds_per_token'])}"
                  for k, v in sorted(c["figures"]["critical_path_seconds"].items(),

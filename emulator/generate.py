@@ -46,6 +46,12 @@ class GenerateResult:
     decode_token: int | None = None  # timing-only: the token id every decode step was fed
     note: str = ""  # what a timing-only result does not contain, in words
     start_position: int | None = None  # timing-only: the first decode step's (no prefill run)
+    # the compiler's cost model beside the emulator: predicted cycles of a decode step (0: the
+    # program has no prediction), and per part ("embed", "layer i", "crossing c-c+1", "head")
+    # {"predicted", "emulated"} cycles a step, emulated as when the part's last PE halted minus
+    # when the part before it ended (the wafer mapping's parts run one after the other)
+    predicted_cycles: int = 0
+    parts: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -77,6 +83,7 @@ class Generator:
 
         self._run = engine_run(engine)
         self._layer_of_pe = self._pe_layers(info)
+        self._timed_parts = self._parts_in_series(program)
         self.n_past = 0
         self.last_result = None
 
@@ -88,6 +95,40 @@ class Generator:
         region_layer = np.array([layers[int(r.name[1:].split(".", 1)[0])]
                                  for r in self.program.regions], dtype=np.int64)
         return region_layer[self.loaded.pe_region]
+
+    def _parts_in_series(self, program: Program) -> list:
+        """[(part name, predicted cycles, PE indices or None)] in the order a decode step runs
+        them, for programs whose parts run one after the other (the wafer mapping); a
+        crossing between wafers has no PEs of its own: it ends when the next layer does."""
+        m = program.model
+        if m is None or m.mapping != "wafer":
+            return []
+        region_index = {r.name: i for i, r in enumerate(program.regions)}
+        parts = sorted((p for p in m.parts if p.name != "sources"), key=lambda p: p.layer)
+        crossing_into = {first: (f"crossing {c - 1}-{c}", m.crossing_cycles[c - 1])
+                         for c, (first, _) in enumerate(m.groups) if c > 0}
+        out = []
+        for p in parts:
+            if p.layer in crossing_into:
+                name, cycles = crossing_into[p.layer]
+                out.append((name, int(cycles), None))
+            regions = np.array([region_index[r] for r in p.regions])
+            pes = np.nonzero(np.isin(self.loaded.pe_region, regions))[0]
+            out.append((p.name, int(p.predicted_cycles), pes))
+        return out
+
+    def _time_parts(self, totals: dict) -> None:
+        """Add the last run's emulated cycles of every part (in series) to totals."""
+        clock = np.asarray(self.last_result.clock).reshape(-1)
+        prev, crossing = 0, None
+        for name, _, pes in self._timed_parts:
+            if pes is None:  # measured with the layer after it: the two end together
+                crossing = name
+                continue
+            end = int(clock[pes].max()) if len(pes) else prev
+            key = f"{crossing} + {name}" if crossing else name
+            totals[key] = totals.get(key, 0) + max(end - prev, 0)
+            prev, crossing = max(prev, end), None
 
     def reset(self) -> None:
         """Forget the sequence: SRAM back to its loaded state (empty KV caches; timing-only:
@@ -178,6 +219,7 @@ class Generator:
         tick = on_step or _ignore
         prefill_cycles, cycles, out = 0, [], []
         totals: dict[int, np.ndarray] = {}
+        timed: dict[str, int] = {}
         if position is not None:  # no prefill: the first decode step at `position`
             self.n_past = int(position)
             logits = self.step(decode_token)
@@ -190,6 +232,8 @@ class Generator:
         for i in range(n):
             cycles.append(int(self.last_result.cycles))
             self._account(totals)
+            if self._timed_parts:
+                self._time_parts(timed)
             if self.timing_only:  # no values: every step is fed the given token
                 if i + 1 < n:
                     self.step(decode_token)
@@ -207,10 +251,16 @@ class Generator:
         if self.timing_only:
             note = (f"timing-only: no values are computed, so no token can be sampled; each of "
                     f"the {n} decode steps was fed token {decode_token}")
+        predicted = {name: c for name, c, _ in self._timed_parts}
+        parts = {}
+        for key, total in timed.items():  # "crossing c-c+1 + layer i": both predictions
+            parts[key] = {"predicted": sum(predicted[k] for k in key.split(" + ")),
+                          "emulated": int(total // n)}
         return GenerateResult(out, cycles, spt, 1.0 / spt, time.perf_counter() - t0,
                               int(prefill_cycles), per_layer, self.timing_only,
                               "timing-only" if self.timing_only else "functional",
-                              decode_token if self.timing_only else None, note, position)
+                              decode_token if self.timing_only else None, note, position,
+                              sum(predicted.values()), parts)
 
     def _layer_name(self, layer: int) -> str:
         if layer == KERNEL:

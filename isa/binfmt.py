@@ -444,13 +444,16 @@ def _loads(blob: bytes) -> Program:
 # MODEL: what a runtime needs to know about a compiled model (isa.program.ModelInfo)
 
 _MODEL_KEYS = {"family", "target", "mapping", "machine", "dtype", "layers", "hidden", "vocab",
-               "max_context", "positions", "parts"}
+               "max_context", "positions", "parts", "shape_only", "chips", "groups",
+               "crossing_cycles"}
 
 
 def _model_json(model: ModelInfo | None):
     if model is None:
         return None
-    d = {k: getattr(model, k) for k in _MODEL_KEYS - {"parts"}}
+    d = {k: getattr(model, k) for k in _MODEL_KEYS - {"parts", "groups", "crossing_cycles"}}
+    d["groups"] = [list(g) for g in model.groups]
+    d["crossing_cycles"] = list(model.crossing_cycles)
     d["parts"] = [{"name": p.name, "layer": p.layer, "regions": list(p.regions),
                    "predicted_cycles": p.predicted_cycles} for p in model.parts]
     return d
@@ -460,9 +463,22 @@ def _read_model(doc) -> ModelInfo | None:
     if doc is None:
         return None
     s = _Schema("META")
+    if isinstance(doc, dict):  # files written before the optional keys existed lack them
+        doc = {**{k: v for k, v in (("shape_only", False), ("chips", 1), ("groups", []),
+                                    ("crossing_cycles", [])) if k not in doc}, **doc}
     d = s.dict(doc, "model", _MODEL_KEYS)
     for k in ("family", "target", "mapping", "machine", "dtype"):
         s.str(d[k], k)
+    if not isinstance(d["shape_only"], bool):
+        s.fail("model.shape_only", f"expected true or false, got {d['shape_only']!r}")
+    chips = s.int(d["chips"], "chips")
+    groups = []
+    for i, g in enumerate(s.list(d["groups"], "groups")):
+        first, count = (s.int(v, f"groups[{i}][{j}]")
+                        for j, v in enumerate(s.list(g, f"groups[{i}]", 2)))
+        groups.append((first, count))
+    crossings = tuple(s.int(v, f"crossing_cycles[{i}]")
+                      for i, v in enumerate(s.list(d["crossing_cycles"], "crossing_cycles")))
     ints = {k: s.int(d[k], k) for k in ("layers", "hidden", "vocab", "max_context",
                                         "positions")}
     parts = []
@@ -476,4 +492,5 @@ def _read_model(doc) -> ModelInfo | None:
         parts.append(ModelPart(s.str(q["name"], f"parts[{i}].name"), layer, regions,
                                s.int(q["predicted_cycles"], f"parts[{i}].predicted_cycles")))
     return ModelInfo(d["family"], d["target"], d["mapping"], d["machine"], d["dtype"],
-                     parts=tuple(parts), **ints)
+                     parts=tuple(parts), shape_only=d["shape_only"], chips=chips,
+                     groups=tuple(groups), crossing_cycles=crossings, **ints)

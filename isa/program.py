@@ -274,6 +274,12 @@ class ModelInfo:
     max_context: int  # KV-cache positions
     positions: int  # positions one run processes (1: a decode step)
     parts: tuple[ModelPart, ...] = ()
+    shape_only: bool = False  # compiled without weights (no functional run; timing only)
+    chips: int = 1  # the chips (wafers) of the system it was compiled for
+    # a mesh model split over a system's wafers: per chip (first layer, layers), contiguous
+    # and covering every layer in order; () when one chip holds every layer
+    groups: tuple[tuple[int, int], ...] = ()
+    crossing_cycles: tuple[int, ...] = ()  # predicted cycles of each crossing c -> c + 1
 
     def part_of_region(self) -> dict[str, ModelPart]:
         return {r: p for p in self.parts for r in p.regions}

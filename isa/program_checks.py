@@ -405,6 +405,33 @@ def check_program(program: Program) -> None:
         _fail("meta keys must be strings", "meta")
 
 
+def _check_groups(m: ModelInfo) -> None:
+    """A split model's groups: one per chip, each (first layer, layers >= 1), contiguous from
+    layer 0 to the last; one predicted crossing a boundary between two chips."""
+    if not m.groups:
+        if m.crossing_cycles:
+            _fail("model crossing_cycles given without groups", "model")
+        return
+    if len(m.groups) != m.chips:
+        _fail(f"model groups: {len(m.groups)} groups for {m.chips} chips (one a chip)", "model")
+    nxt = 0
+    for c, g in enumerate(m.groups):
+        if not isinstance(g, tuple) or len(g) != 2 or any(
+                isinstance(v, bool) or not isinstance(v, int) for v in g):
+            _fail(f"model groups[{c}] must be (first layer, layers), got {g!r}", "model")
+        first, count = g
+        if first != nxt or count < 1:
+            _fail(f"model groups[{c}] = {g!r}: groups must be contiguous from layer 0, each "
+                  f"of at least one layer (expected first layer {nxt})", "model")
+        nxt = first + count
+    if nxt != m.layers:
+        _fail(f"model groups cover layers 0..{nxt - 1}, not the model's {m.layers}", "model")
+    if len(m.crossing_cycles) != m.chips - 1 or any(
+            isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in m.crossing_cycles):
+        _fail(f"model crossing_cycles must be {m.chips - 1} integers >= 0 (one a boundary), "
+              f"got {list(m.crossing_cycles)!r}", "model")
+
+
 def _check_model(program: Program) -> None:
     """The MODEL section's values, and that its parts name the program's regions once each."""
     m = program.model
@@ -423,6 +450,11 @@ def _check_model(program: Program) -> None:
             _fail(f"model {field} must be a positive integer, got {v!r}", "model")
     if m.positions > m.max_context:
         _fail(f"model positions {m.positions} exceed max_context {m.max_context}", "model")
+    if not isinstance(m.shape_only, bool):
+        _fail(f"model shape_only must be true or false, got {m.shape_only!r}", "model")
+    if isinstance(m.chips, bool) or not isinstance(m.chips, int) or m.chips < 1:
+        _fail(f"model chips must be a positive integer, got {m.chips!r}", "model")
+    _check_groups(m)
     regions = {r.name for r in program.regions}
     seen: dict[str, str] = {}
     names = set()

@@ -238,9 +238,11 @@ def rope_tables(theta: float, hd: int, ctx_len: int) -> tuple[int, list]:
                np.cos(hi).astype(np.float32), np.sin(hi).astype(np.float32)]
 
 
-def rope_source(ctx, pb, name: str, x0: int, geo, theta: float, color: int, default_pos) -> None:
-    """Row 0 above a lattice slot of n columns: PE j computes cos and sin of this position at
-    column j's frequencies and sends them down its column (through every grid below)."""
+def rope_source(ctx, pb, name: str, x0: int, geo, theta: float, color: int, default_pos,
+                y0: int = 0) -> None:
+    """Row y0 (a wafer's row 0) above a lattice slot of n columns: PE j computes cos and sin
+    of this position at column j's frequencies and sends them down its column (through every
+    grid below on its wafer)."""
     s, h2, n = geo.s, geo.h2, geo.n
     B, tables = rope_tables(theta, geo.hd, geo.ctx)
     H = tables[2].shape[0]
@@ -251,7 +253,7 @@ def rope_source(ctx, pb, name: str, x0: int, geo, theta: float, color: int, defa
             pb.tensor(tname, t)
             ctx.declared.add(tname)
         names.append(tname)
-    rb = pb.region(name, x0, 0, n, 1)
+    rb = pb.region(name, x0, y0, n, 1)
     pos = rb.alloc("pos", 4)
     rb.piece("position_ids", pos, I32, (1, 1))
     rb.load(default_pos, pos, I32, (1, 1))

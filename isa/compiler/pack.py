@@ -74,6 +74,9 @@ class CompileReport:
     weight_hbm_bytes: int = 0  # of which weight matrices, read once a token
     predicted: dict = field(default_factory=dict)  # part ("embed", "layer i", "head") -> cycles
     grid: int = 0  # the wafer mapping's grid side n (a layer on n x n PEs); 0: stage chain
+    # a model split over a system's wafers: per wafer {chip, rows, layers [first, last],
+    # predicted_cycles (its layers, the embedding or the crossing into it, the head)}
+    wafers: list = field(default_factory=list)
 
     def layers(self) -> dict:
         """Per layer: the rectangles (x, y, w, h) of its stages."""
@@ -102,6 +105,14 @@ class CompileReport:
                          + (f"(layers on {self.grid} x {self.grid} grids) " if self.grid else "")
                          + "; by part: " + ", ".join(f"{k} {v}"
                                                      for k, v in self.predicted.items()))
+        for w in self.wafers:
+            c, (lo, hi) = w["chip"], w["layers"]
+            cross = self.predicted.get(f"crossing {c - 1}-{c}", 0)
+            lines.append(f"wafer {c} (rows {w['rows'][0]}..{w['rows'][1] - 1}): layers {lo}..{hi}"
+                         + (" and the embedding" if c == 0 else "")
+                         + (" and the head" if c == len(self.wafers) - 1 else "")
+                         + f", predicted {w['predicted_cycles']} cycles"
+                         + (f" (of which the crossing in {cross})" if c else ""))
         lines.append(f"{'stage':<34} {'kind':<7} {'at (x, y)':<12} {'w x h':<9} {'PEs':>6} "
                      f"{'SRAM/PE':>8}")
         for s in self.stages:
@@ -116,13 +127,18 @@ def part_name(layer: int, layers: int) -> str:
 
 
 def with_model(program: Program, cfg, target: str, mapping: str, machine, dtype: str,
-               positions: int, parts: list) -> Program:
+               positions: int, parts: list, shape_only: bool = False, groups=(),
+               crossings=()) -> Program:
     """The program with its MODEL part (isa.program.ModelInfo): parts is [(name, layer,
-    [region names], predicted cycles)]; checked as loads() checks it."""
+    [region names], predicted cycles)]; groups [(first layer, layers)] a wafer of a split
+    model and crossings the predicted cycles of each boundary; checked as loads() checks it."""
     model = ModelInfo(cfg.family, target, mapping, machine.name, dtype, cfg.layers, cfg.hidden,
                       cfg.vocab, cfg.max_context, positions,
                       tuple(ModelPart(n, layer, tuple(regions), int(cycles))
-                            for n, layer, regions, cycles in parts))
+                            for n, layer, regions, cycles in parts),
+                      shape_only=bool(shape_only), chips=machine.chips,
+                      groups=tuple((int(a), int(b)) for a, b in groups),
+                      crossing_cycles=tuple(int(c) for c in crossings))
     program = replace(program, model=model)
     try:
         check_program(program)
@@ -140,7 +156,7 @@ def declare_symbols(pb: ProgramBuilder, plan: Plan) -> None:
 
 
 def pack(pb: ProgramBuilder, plan: Plan, placed: list[Placed], machine, dtype: str,
-         model: str) -> tuple[Program, CompileReport]:
+         model: str, shape_only: bool = False) -> tuple[Program, CompileReport]:
     """Build the Program and its report."""
     cfg = plan.graph.config
     stages = [dict(name=s.name, kind=s.kind, layer=s.layer, rect=(p.rect.x, p.rect.y, p.rect.w,
@@ -156,7 +172,8 @@ def pack(pb: ProgramBuilder, plan: Plan, placed: list[Placed], machine, dtype: s
         layer = plan.stages[int(r.name[1:].split(".", 1)[0])].layer
         by_layer.setdefault(layer, []).append(r.name)
     program = with_model(program, cfg, "mesh", "chain", machine, dtype, plan.T,
-                         [(part_name(k, cfg.layers), k, v, 0) for k, v in sorted(by_layer.items())])
+                         [(part_name(k, cfg.layers), k, v, 0) for k, v in sorted(by_layer.items())],
+                         shape_only=shape_only)
     sram_of = dict(zip((r.name for r in program.regions), program.regions_sram_bytes()))
     worst = max(program.regions, key=lambda r: sram_of[r.name])
     if sram_of[worst.name] > machine.sram_bytes:  # placement estimates code size: check it

@@ -11,6 +11,8 @@ passes after which the state is printed (to `dump_to`, stderr by default):
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import sys
 from pathlib import Path
 
@@ -114,6 +116,8 @@ def compile_model(source, machine, dtype: str = "f32", max_context: int | None =
         from wse_emu.isa.compiler.hbm import compile_hbm, format_hbm
         name = Path(str(source)).name.replace(".graph.json", "") or "model"
         program, report = compile_hbm(plan, machine, dtype, shape_only, base_dir, name)
+        if program.model is not None and program.model.shape_only != shape_only:
+            program = replace(program, model=replace(program.model, shape_only=shape_only))
         if "placement" in dump:
             print(format_hbm(program, report), file=out)
         if "routes" in dump:
@@ -136,8 +140,8 @@ def compile_model(source, machine, dtype: str = "f32", max_context: int | None =
                 raise CompileError(f"the wafer mapping does not apply: {e}") from None
             wafer_error = None
         except CompileError as e:  # does not fit: the stage chain may (a small machine)
-            if grid is not None or mapping == "wafer":
-                raise
+            if grid is not None or mapping == "wafer" or machine.chips > 1:
+                raise  # the stage chain knows no systems: a split is the wafer mapping's
             wafer_error = e
         try:
             return _stage_chain(plan, machine, dtype, shape_only, base_dir, source, dump, out)
@@ -167,7 +171,7 @@ def _stage_chain(plan, machine, dtype, shape_only, base_dir, source, dump, out):
     Codegen(pb, plan, placed, own, Weights(pb, base_dir), dtype, shape_only).run()
     # pack: symbols, tensors by reference, metadata, and the report
     try:
-        return pack(pb, plan, placed, machine, dtype, pb.name)
+        return pack(pb, plan, placed, machine, dtype, pb.name, shape_only)
     except BuildError as e:
         raise CompileError(f"internal: the generated program is invalid: {e}") from None
 

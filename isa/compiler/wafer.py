@@ -18,11 +18,19 @@ block down its column to row r of the grid below, which multicasts it along its 
 
 Colors: 0-4 column allreduces, 5-9 row allreduces, 10-14 the KV heads' row segments, 15-16
 the hand-offs (alternating layer to layer), 17 the diagonal, 18 GPT-2's position embedding,
-19 the mask bus, 20 the RoPE bus.
+19 the mask bus, 20 the RoPE bus, 21-22 the crossings between wafers (a system).
+
+Systems. On a machine of several wafers (machine.chips > 1, wafer c holding rows
+[c H, (c + 1) H)) the layers are split into contiguous groups, one a wafer and every wafer
+used (split_layers, balanced by the cost model); each wafer's items snake through its own
+rows from its own row 0 (RoPE sources) as above, the embedding on wafer 0 and the head on the
+last, and the residual crosses from the last grid of a wafer to the first of the next
+(cross_path, crossing_cycles).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,12 +42,13 @@ from wse_emu.isa.compiler import map_attention, map_elementwise, map_embedding, 
 from wse_emu.isa.compiler.decoder import Decoder, Geometry, extract, geometry, grid_sides
 from wse_emu.isa.compiler.emit import I32, Labels
 from wse_emu.isa.compiler.lines import LineKind, allreduce, cycles as line_cycles, routes, \
-    setup_flags
+    setup_flags, setup_roles
 from wse_emu.isa.compiler.lower import CompileError, Plan
 from wse_emu.isa.compiler.pack import CompileReport, Weights, part_name, with_model
 from wse_emu.isa.compiler.placement import WEIGHT_BYTES
 from wse_emu.isa.compiler.predict import Cost
 from wse_emu.isa.errors import BuildError
+from wse_emu.isa.machine import MAX_CHIPS, system_of
 from wse_emu.isa.program import Rect
 
 # One entry a mapping strategy: its module holds its tiling, its routes' needs and its code.
@@ -54,7 +63,13 @@ STRATEGIES = {
 COL, ROW, SEG = (0, 1, 2, 3, 4), (5, 6, 7, 8, 9), (10, 11, 12, 13, 14)
 HANDOFF = (15, 16)
 DIAG, WPE, MASK, ROPE = 17, 18, 19, 20
-COLORS_NEEDED = 21
+CROSS = (21, 22)  # the crossings between wafers, alternating wafer to wafer
+COLORS_NEEDED = 21  # one wafer; a system of several needs the CROSS colors too
+
+
+def cross_color(chip: int) -> int:
+    """The color of the crossing into wafer `chip` (from wafer chip - 1)."""
+    return CROSS[(chip - 1) % 2]
 CODE_BYTES = 8 * 1024  # SRAM kept for a layer PE's code (measured: about 5-7 KB)
 
 
@@ -69,13 +84,15 @@ class Item:
     band: int = 0
     slot: int = 0  # first slot
     west: bool = False  # in a band that grows west: right-aligned in its slots
-    handoff_in: str = ""  # "east" | "west" | "diag" | "bus"
+    handoff_in: str = ""  # "east" | "west" | "diag" | "bus" | "cross" (from the wafer before)
+    chip: int = 0  # the wafer it sits on
+    row0: int = 0  # that wafer's first fabric row (its RoPE sources' row)
 
     def x0(self, n: int) -> int:
         return 1 + self.slot * n + (self.slots * n - self.width if self.west else 0)
 
     def y0(self, n: int) -> int:
-        return 1 + self.band * n
+        return self.row0 + 1 + self.band * n
 
 
 @dataclass
@@ -87,8 +104,10 @@ class Mapping:
     items: list
     embed_cols: list  # [(m, vb)] per table
     head_cols: tuple
-    bands: int
-    predicted: dict = field(default_factory=dict)  # part -> cycles
+    bands: int  # the most bands on one wafer
+    predicted: dict = field(default_factory=dict)  # part -> cycles (and "crossing c-c+1")
+    groups: list = field(default_factory=list)  # per wafer: (first layer, layers)
+    line_groups: tuple = (0, 0)  # two-phase group size of the column and row lines (0: chain)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,7 +122,7 @@ def _snake(items: list, per_band: int) -> int | None:
         if direction > 0 and edge + it.slots <= per_band:
             it.band, it.slot = band, edge
             edge += it.slots
-            it.handoff_in = "east" if k > 1 else ("bus" if k == 1 else "")
+            it.handoff_in = "" if k == 0 else ("bus" if items[k - 1].kind == "embed" else "east")
         elif direction < 0 and edge - it.slots >= 0:
             it.band, it.slot = band, edge - it.slots
             edge -= it.slots
@@ -137,7 +156,14 @@ def _layer_sram(geo: Geometry, dtype: str, biases: bool) -> int:
             + map_attention.cache_bytes(geo, wb) + map_attention.buffer_bytes(geo) + bufs)
 
 
-def _arrange(dec: Decoder, geo: Geometry, machine, dtype: str, exact: bool) -> Mapping | None:
+def _arrange(dec: Decoder, geo: Geometry, machine, dtype: str, exact: bool,
+             costs: tuple | None = None) -> Mapping | None:
+    """The placement of every grid for side n, or None when it does not fit. On a system of
+    several wafers (machine.chips > 1) the layers are split into contiguous groups, one a
+    wafer and every wafer used, the embedding on wafer 0 and the head on the last; each
+    wafer's items snake through its own rows (no grid straddles a wafer boundary). costs =
+    (layer, embed, head, crossing) cycles balances the groups; None: layers as even as the
+    wafers' room allows."""
     n, K = geo.n, geo.K
     wb = WEIGHT_BYTES[dtype]
     embed_cols = []
@@ -150,19 +176,93 @@ def _arrange(dec: Decoder, geo: Geometry, machine, dtype: str, exact: bool) -> M
     if head[0] == 0:
         return None
     ew = sum(m for m, _ in embed_cols)
-    items = [Item("embed", -1, ew, -(-ew // n))]
-    items += [Item("layer", k, n, 1) for k in range(len(dec.layers))]
-    items.append(Item("head", len(dec.layers), head[0], -(-head[0] // n)))
+    L, chips, H = len(dec.layers), machine.chips, machine.chip_height
     per_band = (machine.width - 1) // n
-    bands = _snake(items, per_band)
-    if bands is None or 1 + bands * n > machine.height:
+
+    def items_of(c: int, first: int, count: int) -> list:
+        its = [Item("embed", -1, ew, -(-ew // n))] if c == 0 else []
+        its += [Item("layer", k, n, 1) for k in range(first, first + count)]
+        if c == chips - 1:
+            its.append(Item("head", L, head[0], -(-head[0] // n)))
+        return its
+
+    def bands_of(its: list) -> int | None:
+        bands = _snake(its, per_band)
+        return bands if bands is not None and 1 + bands * n <= H else None
+
+    if chips == 1:
+        items = items_of(0, 0, L)
+        bands = bands_of(items)
+        if bands is None:
+            return None
+        return Mapping(dec, geo, items, embed_cols, head, bands, groups=[(0, L)])
+    if L < chips:
         return None
-    return Mapping(dec, geo, items, embed_cols, head, bands)
+    room = []  # the most layers each wafer holds beside its embedding / head
+    for c in range(chips):
+        if 1 < c < chips - 1:  # the middle wafers are alike (the first of them computed)
+            room.append(room[-1])
+            continue
+        g = 0
+        while g < L and bands_of(items_of(c, 0, g + 1)) is not None:
+            g += 1
+        room.append(g)
+    counts = split_layers(L, room, costs or (1, 0, 0, 0))
+    if counts is None:
+        return None
+    items, first, most = [], 0, 0
+    for c, g in enumerate(counts):
+        its = items_of(c, first, g)
+        most = max(most, bands_of(its))
+        for it in its:
+            it.chip, it.row0 = c, c * H
+        if c > 0:
+            its[0].handoff_in = "cross"
+        items += its
+        first += g
+    groups, first = [], 0
+    for g in counts:
+        groups.append((first, g))
+        first += g
+    return Mapping(dec, geo, items, embed_cols, head, most, groups=groups)
 
 
-def choose(dec: Decoder, machine, dtype: str, exact: bool, grid: int | None = None) -> Mapping:
+def split_layers(layers: int, room: list, costs: tuple) -> list | None:
+    """Contiguous groups of layers, one a wafer, each of 1 .. room[c] layers, that minimise
+    the largest wafer's predicted cycles: g layer cycles, plus the embedding's on wafer 0,
+    the head's on the last and a crossing's on every other (costs = (layer, embed, head,
+    crossing)). None when the wafers cannot hold the layers."""
+    unit, embed, head, cross = costs
+    chips = len(room)
+    if sum(room) < layers or min(room) < 1:
+        return None
+    extra = [(embed if c == 0 else cross) + (head if c == chips - 1 else 0)
+             for c in range(chips)]
+
+    def counts_at(t: int) -> list:
+        return [min(room[c], (t - extra[c]) // max(unit, 1)) for c in range(chips)]
+
+    lo = max(e + unit for e in extra)  # every wafer holds at least one layer
+    hi = max(e for e in extra) + layers * max(unit, 1)
+    while lo < hi:  # the smallest largest-wafer time at which the wafers hold every layer
+        mid = (lo + hi) // 2
+        got = counts_at(mid)
+        if min(got) >= 1 and sum(got) >= layers:
+            hi = mid
+        else:
+            lo = mid + 1
+    counts = counts_at(lo)
+    while sum(counts) > layers:  # take the surplus from the slowest wafers, later ones first
+        c = max((c for c in range(chips) if counts[c] > 1),
+                key=lambda c: (extra[c] + counts[c] * unit, c))
+        counts[c] -= 1
+    return counts
+
+
+def choose(dec: Decoder, machine, dtype: str, exact: bool, grid: int | None = None,
+           name: str = "the model") -> Mapping:
     """The fastest grid side whose layer fits a PE's SRAM and whose grids fit the fabric
-    (only `grid` when given)."""
+    (only `grid` when given); on a system, its layers split over the wafers."""
     biases = dec.family == "gpt2"
     best = None
     sides = grid_sides(dec)
@@ -179,19 +279,67 @@ def choose(dec: Decoder, machine, dtype: str, exact: bool, grid: int | None = No
         mp = _arrange(dec, geo, machine, dtype, exact)
         if mp is None:
             continue
+        forms = line_forms(dec, geo, machine, dtype)
+        mp.line_groups = forms
+        if machine.chips > 1:  # again, with the groups balanced by the cost model
+            mp = _arrange(dec, geo, machine, dtype, exact, split_costs(mp, machine, dtype))
+            mp.line_groups = forms
         mp.predicted = predict(mp, machine, dtype)
         total = sum(mp.predicted.values())
         if best is None or total < best[0]:
             best = (total, mp)
     if best is None:
-        raise CompileError(_refusal(dec, machine, dtype, exact, biases))
+        raise CompileError(_refusal(dec, machine, dtype, exact, biases, sides, name))
     return best[1]
 
 
-def _refusal(dec, machine, dtype, exact, biases) -> str:
-    """One line: why no grid fits, and the largest max_context that would."""
+def line_forms(dec: Decoder, geo: Geometry, machine, dtype: str) -> tuple:
+    """(column, row) group sizes of the layers' line allreduces (0: the chain form): for each
+    kind of line, the form with the fewest cycles over the allreduces a layer makes on it
+    (lines.cycles; a dry run of the layer lists them)."""
+    dry = _DryRun(geo, dtype, machine, bool(dec.rope_theta), dec.family == "gpt2")
+    _layer_body(dry, dec.layers[0], receive=None, send=None)
+    side = geo.n - 1 - (geo.n - 1) // 2
+    out = []
+    for line in (dry.col, dry.row):
+        calls = [(n, b) for key, n, b in dry.calls if key == line.colors]
+        best = min(range(side + 1), key=lambda g: (
+            sum(line_cycles(machine, geo.n, n, b, group=g) for n, b in calls), g))
+        out.append(best)
+    return tuple(out)
+
+
+def split_costs(mp: Mapping, machine, dtype: str) -> tuple:
+    """(layer, embed, head, crossing) predicted cycles for balancing the wafers' groups."""
+    p = predict(mp, machine, dtype)
+    layer = max(v for k, v in p.items() if k.startswith("layer "))
+    cross = max((v for k, v in p.items() if k.startswith("crossing ")), default=0)
+    return layer, p["embed"], p["head"], cross
+
+
+def _refusal(dec, machine, dtype, exact, biases, sides, name) -> str:
+    """One line: why no grid fits; the wafers that would hold the model, or the largest
+    max_context that would fit."""
+    fitting = [n for n in sides
+               if _layer_sram(geometry(dec, n), dtype, biases) <= machine.sram_bytes]
+    if fitting and machine.kind == "mesh" and machine.link_bandwidth > 0:
+        chip = machine.chip
+        for chips in range(machine.chips + 1, MAX_CHIPS + 1):
+            system = system_of(chip, chips)
+            fits = [n for n in fitting
+                    if _arrange(dec, geometry(dec, n), system, dtype, exact) is not None]
+            if fits:
+                n = fits[0]
+                weights = _layer_weights(dec) * WEIGHT_BYTES[dtype]
+                return (f"{name} needs {chips} wafers of {chip.name} (--machine "
+                        f"{chip.name}x{chips}): the model needs {len(dec.layers) * n * n} PEs "
+                        f"({len(dec.layers)} layers on {n} x {n} grids, {weights / 1e9:.1f} GB "
+                        f"of layer weights; embedding and head more) but machine "
+                        f"'{machine.name}' is {machine.width} x {machine.height} "
+                        f"({machine.pes} PEs); it would fit {chips} such wafers, its layers "
+                        f"split between them")
     fit = 0
-    for n in grid_sides(dec):
+    for n in sides:
         lo, hi = 0, dec.max_context
         while lo < hi:  # the largest context whose layer fits SRAM
             mid = (lo + hi + 1) // 2
@@ -205,23 +353,25 @@ def _refusal(dec, machine, dtype, exact, biases) -> str:
         return (f"max_context {dec.max_context} does not fit machine '{machine.name}' "
                 f"({machine.width} x {machine.height} PEs, {machine.sram_bytes} bytes each): "
                 f"max_context {fit} would fit (--max-context {fit})")
-    sides = [n for n in grid_sides(dec)
-             if _layer_sram(geometry(dec, n), dtype, biases) <= machine.sram_bytes]
-    if not sides:
+    if not fitting:
         return (f"no grid of the model's layers fits a PE's {machine.sram_bytes} bytes on machine "
                 f"'{machine.name}' at any context (use 16-bit weights or a machine with more "
                 f"SRAM a PE)")
-    n = sides[0]
+    n = fitting[0]
     pes = len(dec.layers) * n * n
     have = machine.width * machine.height
-    per_wafer = max(1, ((machine.width - 1) // n) * ((machine.height - 1) // n) - 2)
-    weights = sum(m.out * m.ref.shape[-1] for layer in dec.layers
-                  for m in layer.qkv + [layer.o] + layer.mlp1 + [layer.down])
-    return (f"model needs {pes} PEs ({len(dec.layers)} layers on {n} x {n} grids, "
-            f"{weights * WEIGHT_BYTES[dtype] / 1e9:.2f} GB of layer weights; embedding and head "
-            f"more) but machine '{machine.name}' is {machine.width} x {machine.height} ({have} "
-            f"PEs): it would fit {-(-len(dec.layers) // per_wafer)} such wafers, its layers "
-            f"split between them")
+    if machine.chips > 1 and len(dec.layers) < machine.chips:
+        return (f"{name} has {len(dec.layers)} layers, fewer than the {machine.chips} wafers of "
+                f"machine '{machine.name}' (the split puts at least one layer on every wafer)")
+    return (f"{name} needs {pes} PEs ({len(dec.layers)} layers on {n} x {n} grids, "
+            f"{_layer_weights(dec) * WEIGHT_BYTES[dtype] / 1e9:.2f} GB of layer weights; "
+            f"embedding and head more) but machine '{machine.name}' is {machine.width} x "
+            f"{machine.height} ({have} PEs) and has no links to join more of it")
+
+
+def _layer_weights(dec) -> int:
+    return sum(m.out * m.ref.shape[-1] for layer in dec.layers
+               for m in layer.qkv + [layer.o] + layer.mlp1 + [layer.down])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,24 +382,50 @@ def predict(mp: Mapping, machine, dtype: str) -> dict:
     layer, the head. A layer is the sum of its PE's local ops and its line collectives (the
     same code every PE runs, isa.compiler.predict), plus its hand-off."""
     geo, dec = mp.geo, mp.dec
-    dry = _DryRun(geo, dtype, machine, bool(dec.rope_theta), dec.family == "gpt2")
+    dry = _DryRun(geo, dtype, machine, bool(dec.rope_theta), dec.family == "gpt2",
+                  mp.line_groups)
     layer = dec.layers[0]
     _layer_body(dry, layer, receive=None, send=None)
     body = dry.total()
     out = {"embed": map_embedding.cycles(dry.cost, geo.K)}
-    for it in mp.items:
+    for k, it in enumerate(mp.items):
         if it.kind == "layer":
             hand = dry.cost.send(geo.K, geo.n) + dry.cost.scalar(6)
             if it.handoff_in == "diag":
                 hand += dry.cost.send(geo.K, 2 * geo.n)
+            if it.handoff_in == "cross":  # the travel is the crossing's; the spread here
+                hand += dry.cost.scalar(6) + dry.cost.op("move", geo.K)
+                out[f"crossing {it.chip - 1}-{it.chip}"] = crossing_cycles(
+                    mp.items[k - 1], it, geo, machine)
             out[f"layer {it.index}"] = body + hand
-    hd = _DryRun(geo, dtype, machine, False, False)
+    hd = _DryRun(geo, dtype, machine, False, False, mp.line_groups)
     map_elementwise.norm(hd, dec.final_norm, 0, 0, {p: 0 for p in dec.final_norm.params})
     m, vb = mp.head_cols
     hd.charge("lm head", hd.cost.mat(vb, geo.K, 1, dtype, "f32"))
-    hd.charge("lm head reduce", line_cycles(machine, geo.n, vb, broadcast=False))
+    hd.charge("lm head reduce", line_cycles(machine, geo.n, vb, broadcast=False,
+                                            group=mp.line_groups[0]))
     out["head"] = hd.total() + dry.cost.send(geo.K, geo.n)
     return out
+
+
+def crossing_cycles(prev: Item, it: Item, geo: Geometry, machine) -> int:
+    """The residual from the last layer of one wafer to the first of the next (cross_path):
+    row q's block (K wavelets) goes down from the last grid, across the wafers' boundary, and
+    along row q of the next grid to its entry PE; the n blocks share the link between the
+    wafers (link_bytes_per_cycle each way) and pay its latency once. Cycles from the senders'
+    op start to the last block's tail at its entry PE (the spread along the row is the
+    layer's hand-off, as after a diagonal)."""
+    n, K = geo.n, geo.K
+    py, y0 = prev.y0(n), it.y0(n)
+    hops = 0
+    for q in range(n):
+        X, T = cross_path(prev, it, n, q)
+        hops = max(hops, (y0 - py) + abs(T - X))
+    bpc = machine.link_bytes_per_cycle
+    # the link passes n * K wavelets at bpc bytes a cycle; one block alone streams K
+    link = max(K, math.ceil(n * K * machine.wavelet_bytes / bpc)) if bpc > 0 else K
+    return (machine.issue_overhead + 1 + 2 * machine.ramp_latency + hops * machine.hop_latency
+            + link + machine.link_latency)
 
 
 class _NoCode:
@@ -262,12 +438,12 @@ class _NoCode:
 class _Ctx:
     """What the strategies need while emitting one grid's code (or pricing it)."""
 
-    def __init__(self, geo, dtype, machine, rope: bool, biases: bool):
+    def __init__(self, geo, dtype, machine, rope: bool, biases: bool, groups=(0, 0)):
         self.geo, self.dtype, self.machine = geo, dtype, machine
         self.cost = Cost(machine)
         self.rope, self.biases = rope, biases
-        self.col = LineKind("column", geo.n, COL, "r14", ("r3", "r4", "r5", "r6"))
-        self.row = LineKind("row", geo.n, ROW, "r13")
+        self.col, self.row = line_kinds(geo.n, groups)
+        self.calls: list = []  # (line colors, n, broadcast) of every allreduce, in order
         self.seg = LineKind("row", geo.s, SEG, "r12")
         self.colors = {"mask": MASK, "rope": ROPE}
         self.bufs: dict = {}
@@ -279,7 +455,8 @@ class _Ctx:
 
     def allreduce(self, line, buf, n, op="add", what="allreduce", broadcast=True) -> None:
         allreduce(self.rb, self.labels, line, buf, n, op, broadcast)
-        self.charge(what, line_cycles(self.machine, line.length, n, broadcast))
+        self.calls.append((line.colors, n, broadcast))
+        self.charge(what, line_cycles(self.machine, line.length, n, broadcast, line.group))
 
     def buf(self, name):
         return self.bufs[name]
@@ -291,9 +468,19 @@ class _Ctx:
         return CompileError(msg)
 
 
+def line_kinds(n: int, groups: tuple) -> tuple:
+    """The column and row lines of an n x n grid: the chain form with precomputed flags
+    (column) or compares (row), or the two-phase form with a role register."""
+    gc, gr = groups
+    col = (LineKind("column", n, COL, "r14", group=gc, role_reg="r7") if gc else
+           LineKind("column", n, COL, "r14", ("r3", "r4", "r5", "r6")))
+    row = LineKind("row", n, ROW, "r13", group=gr, role_reg="r8" if gr else "")
+    return col, row
+
+
 class _DryRun(_Ctx):
-    def __init__(self, geo, dtype, machine, rope, biases):
-        super().__init__(geo, dtype, machine, rope, biases)
+    def __init__(self, geo, dtype, machine, rope, biases, groups=(0, 0)):
+        super().__init__(geo, dtype, machine, rope, biases, groups)
         self.rb = _NoCode()
         self.shape_only = True
         self.bufs = _Zero()
@@ -357,7 +544,7 @@ class _Emitter:
 
     def ctx(self, rb):
         c = _Ctx(self.geo, self.dtype, self.machine, bool(self.mp.dec.rope_theta),
-                 self.mp.dec.family == "gpt2")
+                 self.mp.dec.family == "gpt2", self.mp.line_groups)
         c.rb, c.shape_only, c.weights = rb, self.shape_only, self.weights
         c.graph, c.declared = self.mp.dec.plan.graph, self.declared
         return c
@@ -370,8 +557,13 @@ class _Emitter:
         rb.sub("r14", "GY", "r1")
         rb.li("r1", self.geo.s)
         rb.rem("r12", "r13", "r1")
-        if flags:  # the column allreduces (six a layer) dispatch on precomputed flags
-            setup_flags(rb, LineKind("column", n, COL, "r14", ("r3", "r4", "r5", "r6")))
+        col, row = line_kinds(n, self.mp.line_groups)
+        w = n if it.kind == "layer" else self.mp.head_cols[0]
+        setup_roles(rb, col, lambda q: (0, q, w, 1))  # two-phase lines: each PE's role
+        if flags:
+            setup_roles(rb, row, lambda q: (q, 0, 1, n))
+            if not col.group:  # the chain form's column allreduces dispatch on flags
+                setup_flags(rb, col)
 
     # -- hand-offs ---------------------------------------------------------------------------
 
@@ -387,14 +579,14 @@ class _Emitter:
             rb.vmov("d1", "d2")
 
         def emit():
-            if it.handoff_in == "diag":
+            if it.handoff_in in ("diag", "cross"):  # the entry PE of each row spreads it
                 prev = self.mp.items[k - 1]
-                off = prev.x0(n) - it.x0(n)
+                off = prev.x0(n) - it.x0(n) if it.handoff_in == "diag" else 0
                 other, done = ctx.labels("not_diag"), ctx.labels("received")
                 rb.sub("r1", "r13", "r14")
                 rb.li("r2", off)
                 rb.bne("r1", "r2", other)
-                recv(x, DIAG)
+                recv(x, DIAG if it.handoff_in == "diag" else cross_color(it.chip))
                 rb.dmem("d1", "f32", x, K)
                 rb.dfout("d2", "f32", color, K)
                 rb.vmov("d2", "d1")
@@ -417,9 +609,14 @@ class _Emitter:
 
         def emit():
             skip = ctx.labels("no_send")
-            if nxt.handoff_in == "diag":
+            if nxt.handoff_in == "cross" and nxt.x0(n) > it.x0(n):  # the anti-diagonal
+                rb.add("r1", "r13", "r14")
+                rb.li("r2", n - 1)
+                rb.bne("r1", "r2", skip)
+                color = cross_color(nxt.chip)
+            elif nxt.handoff_in in ("diag", "cross"):
                 rb.bne("r13", "r14", skip)
-                color = DIAG
+                color = DIAG if nxt.handoff_in == "diag" else cross_color(nxt.chip)
             else:
                 edge = n - 1 if nxt.handoff_in == "east" else 0
                 rb.li("r1", edge)
@@ -476,7 +673,9 @@ class _Emitter:
         params: dict = {}
         map_elementwise.load_norm(ctx, rb, dec.final_norm, params)
         map_head.load(ctx, rb, dec.head.ref, b["w"], vb, K, m)
-        ctx.col = LineKind("column", n, COL, "r14")
+        ctx.col = line_kinds(n, self.mp.line_groups)[0]
+        if not ctx.col.group:
+            ctx.col = LineKind("column", n, COL, "r14")  # (no flags set up in the head)
         self.position_regs(rb, it, flags=False)
         self.receiver(ctx, it, k)()
         map_elementwise.norm(ctx, dec.final_norm, b["x"], b["xn"], params)
@@ -506,24 +705,29 @@ class _Emitter:
 
     def sources(self) -> None:
         """The mask sources (column 0 beside every band with layers) and the RoPE sources
-        (row 0 above every lattice slot with layers)."""
+        (each wafer's row 0 above every lattice slot with layers there)."""
         n = self.n
         layers = [it for it in self.mp.items if it.kind == "layer"]
         ctx = self.ctx(None)
-        for band in sorted({it.band for it in layers}):
+        several = self.machine.chips > 1
+
+        def label(kind, chip, k):
+            return f"{kind}.{chip}.{k}" if several else f"{kind}.{k}"
+        for chip, row0, band in sorted({(it.chip, it.row0, it.band) for it in layers}):
             sid = len(self.stages)
-            self.stages.append(dict(name=f"mask.{band}", kind="source", layer=-1,
-                                    rect=(0, 1 + band * n, 1, n)))
-            map_attention.mask_source(ctx, self.pb, f"s{sid}.mask.{band}", 1 + band * n,
-                                      self.geo, MASK, "default_position_ids")
+            name, y0 = label("mask", chip, band), row0 + 1 + band * n
+            self.stages.append(dict(name=name, kind="source", layer=-1, rect=(0, y0, 1, n)))
+            map_attention.mask_source(ctx, self.pb, f"s{sid}.{name}", y0, self.geo, MASK,
+                                      "default_position_ids")
         if self.mp.dec.rope_theta:
-            for slot in sorted({it.slot for it in layers}):
+            for chip, row0, slot in sorted({(it.chip, it.row0, it.slot) for it in layers}):
                 sid = len(self.stages)
-                self.stages.append(dict(name=f"rope.{slot}", kind="source", layer=-1,
-                                        rect=(1 + slot * n, 0, n, 1)))
-                map_attention.rope_source(ctx, self.pb, f"s{sid}.rope.{slot}", 1 + slot * n,
+                name = label("rope", chip, slot)
+                self.stages.append(dict(name=name, kind="source", layer=-1,
+                                        rect=(1 + slot * n, row0, n, 1)))
+                map_attention.rope_source(ctx, self.pb, f"s{sid}.{name}", 1 + slot * n,
                                           self.geo, self.mp.dec.rope_theta, ROPE,
-                                          "default_position_ids")
+                                          "default_position_ids", y0=row0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -539,8 +743,7 @@ def route(pb, mp: Mapping) -> int:
         if w > 0 and h > 0:
             count += 1
             pb.route(x, y, w, h, color, rx, tx)
-    col = LineKind("column", n, COL, "r14")
-    row = LineKind("row", n, ROW, "r13")
+    col, row = line_kinds(n, mp.line_groups)
     seg = LineKind("row", geo.s, SEG, "r12")
     items = mp.items
     for k, it in enumerate(items):
@@ -576,6 +779,8 @@ def route(pb, mp: Mapping) -> int:
             add(x0 + w, y0, 1, n, color, "RAMP", "W")
             add(x0 + 1, y0, w - 1, n, color, "E", "W|RAMP")
             add(x0, y0, 1, n, color, "E", "RAMP")
+        elif it.handoff_in == "cross":
+            _cross_routes(add, prev, it, n, w, color)
         else:  # diag: PE (r, r) of the grid above sends down to row r, which spreads it
             px, py = prev.x0(n), prev.y0(n)
             for q in range(n):
@@ -583,21 +788,12 @@ def route(pb, mp: Mapping) -> int:
                 add(x, py + q, 1, 1, DIAG, "RAMP", "S")
                 add(x, py + q + 1, 1, y0 + q - py - q - 1, DIAG, "N", "S")
                 add(x, y0 + q, 1, 1, DIAG, "N", "RAMP")
-                west, east = x - x0, x0 + w - 1 - x
-                tx = "|".join((["W"] if west else []) + (["E"] if east else []))
-                if tx:
-                    add(x, y0 + q, 1, 1, color, "RAMP", tx)
-                if west:
-                    add(x0 + 1, y0 + q, west - 1, 1, color, "E", "W|RAMP")
-                    add(x0, y0 + q, 1, 1, color, "E", "RAMP")
-                if east:
-                    add(x + 1, y0 + q, east - 1, 1, color, "W", "E|RAMP")
-                    add(x0 + w - 1, y0 + q, 1, 1, color, "W", "RAMP")
+                _spread(add, x, y0 + q, x0, w, color)
     # the mask bus: along every row of a band, from column 0 through its layer grids
     layers = [it for it in items if it.kind == "layer"]
-    for band in sorted({it.band for it in layers}):
-        y0 = 1 + band * n
-        xs = sorted(it.x0(n) for it in layers if it.band == band)
+    for row0, band in sorted({(it.row0, it.band) for it in layers}):
+        y0 = row0 + 1 + band * n
+        xs = sorted(it.x0(n) for it in layers if (it.row0, it.band) == (row0, band))
         last = xs[-1] + n - 1
         add(0, y0, 1, n, MASK, "RAMP", "E")
         x = 1
@@ -607,13 +803,13 @@ def route(pb, mp: Mapping) -> int:
             add(gx, y0, stop, n, MASK, "W", "E|RAMP")
             x = gx + stop
         add(last, y0, 1, n, MASK, "W", "RAMP")
-    if mp.dec.rope_theta:  # the RoPE bus: down every column of a slot from row 0
-        for slot in sorted({it.slot for it in layers}):
+    if mp.dec.rope_theta:  # the RoPE bus: down every column of a slot from its wafer's row 0
+        for row0, slot in sorted({(it.row0, it.slot) for it in layers}):
             x0 = 1 + slot * n
-            ys = sorted(it.y0(n) for it in layers if it.slot == slot)
+            ys = sorted(it.y0(n) for it in layers if (it.row0, it.slot) == (row0, slot))
             last = ys[-1] + n - 1
-            add(x0, 0, n, 1, ROPE, "RAMP", "S")
-            y = 1
+            add(x0, row0, n, 1, ROPE, "RAMP", "S")
+            y = row0 + 1
             for gy in ys:
                 add(x0, y, n, gy - y, ROPE, "N", "S")
                 stop = n if gy + n - 1 < last else n - 1
@@ -621,6 +817,55 @@ def route(pb, mp: Mapping) -> int:
                 y = gy + stop
             add(x0, last, n, 1, ROPE, "N", "RAMP")
     return count
+
+
+def cross_path(prev: Item, it: Item, n: int, q: int) -> tuple[int, int]:
+    """(column of the sender in the last grid's row q, column of row q's entry PE in the next
+    grid) of a crossing. The n paths go down, then along a row, and never meet on their
+    color: beside each other (same slot) PE (q, q) sends straight down; to a grid further
+    east the anti-diagonal sends (the later rows' columns lie west of the earlier rows'
+    turns); to one further west the diagonal. The entry PE is always the new grid's (q, q)."""
+    px, x0 = prev.x0(n), it.x0(n)
+    return (px + n - 1 - q if x0 > px else px + q), x0 + q
+
+
+def _cross_routes(add, prev: Item, it: Item, n: int, w: int, color: int) -> None:
+    """The crossing into `it` from the last grid of the wafer before (crossing_cycles): row q's
+    block goes down from the last grid, across the wafers' boundary, to row q of `it`, along
+    that row to its entry PE (q, q), which spreads it along the row on the hand-off color
+    (as a diagonal hand-off does)."""
+    cc = cross_color(it.chip)
+    py, x0, y0 = prev.y0(n), it.x0(n), it.y0(n)
+    for q in range(n):
+        X, T = cross_path(prev, it, n, q)
+        Y = y0 + q
+        add(X, py + q, 1, 1, cc, "RAMP", "S")
+        add(X, py + q + 1, 1, Y - py - q - 1, cc, "N", "S")
+        if X == T:
+            add(X, Y, 1, 1, cc, "N", "RAMP")
+        elif T > X:
+            add(X, Y, 1, 1, cc, "N", "E")
+            add(X + 1, Y, T - X - 1, 1, cc, "W", "E")
+            add(T, Y, 1, 1, cc, "W", "RAMP")
+        else:
+            add(X, Y, 1, 1, cc, "N", "W")
+            add(T + 1, Y, X - T - 1, 1, cc, "E", "W")
+            add(T, Y, 1, 1, cc, "E", "RAMP")
+        _spread(add, T, Y, x0, w, color)
+
+
+def _spread(add, x: int, y: int, x0: int, w: int, color: int) -> None:
+    """PE (x, y) sends along its row to every PE of the row's w columns from x0."""
+    west, east = x - x0, x0 + w - 1 - x
+    tx = "|".join((["W"] if west else []) + (["E"] if east else []))
+    if tx:
+        add(x, y, 1, 1, color, "RAMP", tx)
+    if west:
+        add(x0 + 1, y, west - 1, 1, color, "E", "W|RAMP")
+        add(x0, y, 1, 1, color, "E", "RAMP")
+    if east:
+        add(x + 1, y, east - 1, 1, color, "W", "E|RAMP")
+        add(x0 + w - 1, y, 1, 1, color, "W", "RAMP")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -631,12 +876,14 @@ def compile_decode(plan: Plan, machine, dtype: str, shape_only: bool, base_dir, 
     """The decode mapping of a one-position decoder plan: (Program, CompileReport)."""
     # extract: the plan's layers as named parts (NotADecoder: use the stage chain)
     dec = extract(plan)
-    if machine.colors < COLORS_NEEDED:
+    need = COLORS_NEEDED + (len(CROSS) if machine.chips > 1 else 0)
+    if machine.colors < need:
         from wse_emu.isa.compiler.decoder import NotADecoder
-        raise NotADecoder(f"machine has {machine.colors} colors, the mapping needs "
-                          f"{COLORS_NEEDED}")
-    # choose: the grid side n with the lowest predicted cycles that fits SRAM and fabric
-    mp = choose(dec, machine, dtype, exact=not shape_only, grid=grid)
+        raise NotADecoder(f"machine has {machine.colors} colors, the mapping needs {need}")
+    # choose: the grid side n with the lowest predicted cycles that fits SRAM and fabric (on
+    # a system: and the layers' split over its wafers)
+    label = "the model" if name.endswith(".json") else name
+    mp = choose(dec, machine, dtype, exact=not shape_only, grid=grid, name=label)
     pb = ProgramBuilder(name)
     pb.input("input_ids", "i32", (1,))
     pb.input("position_ids", "i32", (1,))
@@ -658,16 +905,33 @@ def compile_decode(plan: Plan, machine, dtype: str, shape_only: bool, base_dir, 
     if "placement" in dump:
         print(format_mapping(mp, em.stages), file=out)
     # pack
-    return _pack(pb, mp, em.stages, machine, dtype, name)
+    return _pack(pb, mp, em.stages, machine, dtype, name, shape_only)
 
 
-def _pack(pb, mp: Mapping, stages: list, machine, dtype: str, name: str):
+def wafers_of(mp: Mapping, machine) -> list:
+    """Per wafer of a split model: its rows, its layers and their predicted cycles (with the
+    embedding on the first, the head on the last and the crossing into every other)."""
+    out = []
+    H = machine.chip_height
+    for c, (first, count) in enumerate(mp.groups):
+        parts = [f"layer {k}" for k in range(first, first + count)]
+        parts += (["embed"] if c == 0 else [f"crossing {c - 1}-{c}"])
+        parts += (["head"] if c == len(mp.groups) - 1 else [])
+        out.append({"chip": c, "rows": [c * H, (c + 1) * H], "layers": [first, first + count - 1],
+                    "predicted_cycles": sum(mp.predicted.get(p, 0) for p in parts)})
+    return out
+
+
+def _pack(pb, mp: Mapping, stages: list, machine, dtype: str, name: str, shape_only: bool):
     dec = mp.dec
+    split = machine.chips > 1
+    crossings = [mp.predicted[f"crossing {c}-{c + 1}"] for c in range(machine.chips - 1)]
+    wafers = wafers_of(mp, machine) if split else []
     pb.meta("compiler", {"family": dec.family, "machine": machine.name, "dtype": dtype,
                          "max_context": dec.max_context, "vocab": dec.vocab,
                          "hidden": dec.hidden, "layers": len(dec.layers),
                          "mapping": "wafer", "grid": mp.geo.n,
-                         "predicted_cycles": mp.predicted,
+                         "predicted_cycles": mp.predicted, "wafers": wafers,
                          "stages": [dict(s, rect=list(s["rect"])) for s in stages]})
     try:
         program = pb.build()
@@ -675,11 +939,12 @@ def _pack(pb, mp: Mapping, stages: list, machine, dtype: str, name: str):
         raise CompileError(f"internal: the generated program is invalid: {e}") from None
     parts: dict = {}
     for k, st in enumerate(stages):
-        name = "sources" if st["kind"] == "source" else part_name(st["layer"], len(dec.layers))
-        entry = parts.setdefault(name, [name, st["layer"], [], mp.predicted.get(name, 0)])
+        part = "sources" if st["kind"] == "source" else part_name(st["layer"], len(dec.layers))
+        entry = parts.setdefault(part, [part, st["layer"], [], mp.predicted.get(part, 0)])
         entry[2].append(f"s{k}.{st['name']}")
     program = with_model(program, dec.plan.graph.config, "mesh", "wafer", machine, dtype, 1,
-                         list(parts.values()))
+                         list(parts.values()), shape_only, mp.groups if split else (),
+                         crossings)
     sram = program.regions_sram_bytes()
     worst = max(range(len(sram)), key=lambda i: sram[i])
     if sram[worst] > machine.sram_bytes:
@@ -698,7 +963,7 @@ def _pack(pb, mp: Mapping, stages: list, machine, dtype: str, name: str):
         fabric=(box.w, box.h), pes=pes, sram_max=max(sram),
         sram_mean=sum(b * r.rect.size for b, r in zip(sram, program.regions)) / pes,
         colors=program.colors_used(), stages=stages, predicted=dict(mp.predicted),
-        grid=mp.geo.n)
+        grid=mp.geo.n, wafers=wafers)
     return program, report
 
 
