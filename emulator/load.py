@@ -235,7 +235,7 @@ def fit_problems(program: Program, m: Machine) -> list[str]:
     if need["sram_bytes"] > m.sram_bytes:
         out.append(f"a PE needs {need['sram_bytes']:,} bytes of SRAM, the machine's have "
                    f"{m.sram_bytes:,}")
-    if need["hbm_bytes"] > getattr(m, "hbm_bytes", 0):
+    if need["hbm_bytes"] > getattr(m, "hbm_bytes", 0) * getattr(m, "chips", 1):
         out.append(f"needs {need['hbm_bytes']:,} bytes of HBM, the machine has "
                    f"{getattr(m, 'hbm_bytes', 0) or 'none'}")
     return out
@@ -383,7 +383,8 @@ def _check_regions(program: Program, m: Machine, footprint: np.ndarray) -> None:
 
 
 def _check_hbm_capacity(program: Program, m: Machine) -> None:
-    need, have = program.hbm_bytes, getattr(m, "hbm_bytes", 0)
+    # a system's chips each have hbm_bytes (chip c owns [c * hbm_bytes, (c + 1) * hbm_bytes))
+    need, have = program.hbm_bytes, getattr(m, "hbm_bytes", 0) * getattr(m, "chips", 1)
     if need > have:
         def size(n: int) -> str:
             return f"{n / 1e9:.2f} GB" if n >= 10**7 else f"{n:,} bytes"

@@ -11,7 +11,7 @@ also K row-major) with the unfilled rows of the last chunk and their scores zero
 from __future__ import annotations
 
 from wse_emu.isa.compiler.emit import ZF, ZR, rope_code, softmax_code
-from wse_emu.isa.compiler.hbm_emit import Ha, li64, smem
+from wse_emu.isa.compiler.hbm_emit import Ha, smem
 from wse_emu.isa.compiler.lower import Stage
 from wse_emu.isa.compiler.placement import WEIGHT_BYTES
 
@@ -57,7 +57,7 @@ class HbmAttention:
         rb.lw("r2", ZR, self.io + 4)  # r2: the position
         if rope:
             for addr, buf in zip(self.layout.rope[s.id], (cos, sin)):
-                li64(rb, "r0", addr)
+                self.hbm_abs("r0", addr)
                 rb.muli("r1", "r2", hd * 2)  # (ctx, hd / 2) tables: this position's row
                 rb.add("r0", "r0", "r1")
                 smem(rb, "d1", buf, hd // 2)
