@@ -225,6 +225,9 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
         self.weights = Weights(pb, self.base_dir)
         self.io = reserve
         self.arena0 = reserve + IO_BYTES
+        if self.tp:  # the allreduce's block: low in SRAM (collectives take 16-bit addresses)
+            self.tp_buf = -(-self.arena0 // 64) * 64
+            self.arena0 = self.tp_buf + self.tp_block_bytes()
         self.need = {}
         self._slices = 0  # inline tensors of matrix slices (a node)
         self.layout = self._layout(pb)

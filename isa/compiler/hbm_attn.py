@@ -12,44 +12,81 @@ from __future__ import annotations
 
 from wse_emu.isa.compiler.emit import ZF, ZR, rope_code, softmax_code
 from wse_emu.isa.compiler.hbm_emit import Ha, smem
-from wse_emu.isa.compiler.lower import Stage
+from wse_emu.isa.compiler.lower import CompileError, Stage
 from wse_emu.isa.compiler.placement import WEIGHT_BYTES
 
 
 class HbmAttention:
     """Needs the HbmCompiler's rb, labels, arena, C, layout, io and hbm()."""
 
+    def attn_group(self, s: Stage) -> int:
+        """Query heads a work item: all of a KV head's (its K and V read once) unless their
+        scores over the whole context do not fit a core's SRAM beside the cache chunks (Llama-
+        3-70B: 8 heads of 8192 scores); then the largest divisor that fits, each item of a KV
+        head reading its K and V again."""
+        a = s.attrs
+        group = a["n_heads"] // a["n_kv_heads"]
+        error = None
+        for sg in sorted((d for d in range(1, group + 1) if group % d == 0), reverse=True):
+            trial = type(self.arena)(self.arena.base, self.arena.limit, s.name, self.machine)
+            try:
+                self._attn_buffers(trial, s, sg)
+                return sg
+            except CompileError as e:
+                error = error or e
+        raise error
+
+    def _attn_buffers(self, A, s: Stage, sg: int) -> dict:
+        a = s.attrs
+        hd, ctx = a["head_dim"], a["max_context"]
+        kvb = WEIGHT_BYTES[self.dtype]
+        CH = self.layout.kv[s.id][2]
+        ctxp = -(-ctx // CH) * CH
+        qn = sg * hd
+        b = dict(q=A.take(qn * 4), k=A.take(hd * 4), v=A.take(hd * 4), cos=A.take(hd * 2),
+                 sin=A.take(hd * 2), tmp=A.take(hd * 4))
+        b["sc"] = [A.take(ctxp * 4) for _ in range(sg)]
+        b.update(o=A.take(qn * 4), kc=A.take(CH * hd * kvb), vc=A.take(CH * hd * kvb),
+                 kq=A.take(hd * kvb), vq=A.take(hd * kvb))
+        return b
+
     def emit_attn(self, s: Stage) -> None:
-        """KV head g = X, X + C, ... with its query heads: RoPE, append k and v to the HBM
-        caches, scores over the cached positions chunk by chunk (mm), softmax, weighted sum
-        (mva), the heads' outputs stored into the output flow."""
+        """Work item i = X, X + C, ...: KV head i // (group / sg) with sg of its query heads
+        (attn_group; item i's heads are i * sg ...): RoPE, append k and v to the HBM caches
+        (every item of a KV head writes the same row), scores over the cached positions chunk
+        by chunk (mm), softmax, weighted sum (mva), the heads' outputs stored into the output
+        flow."""
         rb, L, A, C = self.rb, self.labels, self.arena, self.C
         a = s.attrs
         nkv, hd, ctx = a["n_kv_heads"], a["head_dim"], a["max_context"]
-        group = a["n_heads"] // nkv
+        group = self.attn_group(s)  # query heads of this core's item (sg)
+        subs = a["n_heads"] // nkv // group  # items a KV head
+        items = nkv * subs
         qn = group * hd
         kvd = self.dtype  # caches in the weight dtype, as on the mesh (codegen_attn.py)
         kvb = WEIGHT_BYTES[kvd]
         kha, vha, CH = self.layout.kv[s.id]
-        ctxp = -(-ctx // CH) * CH
         rope = a["rope_q"] or a["rope_k"]
-        q, k, v = A.take(qn * 4), A.take(hd * 4), A.take(hd * 4)
-        cos, sin, tmp = A.take(hd * 2), A.take(hd * 2), A.take(hd * 4)
-        sc = [A.take(ctxp * 4) for _ in range(group)]
-        o = A.take(qn * 4)
-        kc, vc = A.take(CH * hd * kvb), A.take(CH * hd * kvb)
-        kq, vq = A.take(hd * kvb), A.take(hd * kvb)  # the new k and v in the cache dtype
+        b = self._attn_buffers(A, s, group)
+        q, k, v, cos, sin, tmp = (b[x] for x in ("q", "k", "v", "cos", "sin", "tmp"))
+        sc, o, kc, vc = b["sc"], b["o"], b["kc"], b["vc"]
+        kq, vq = b["kq"], b["vq"]  # the new k and v in the cache dtype
         (fin,) = s.in_flows
         (fout,) = s.out_flows
         done, head = L("attn_done"), L("kv_head")
-        rb.li("r0", nkv)
+        rb.li("r0", items)
         rb.bge("X", "r0", done)
-        rb.addi("r13", "X", 0)  # r13: this core's KV head
+        rb.addi("r13", "X", 0)  # r13: this core's work item
         rb.label(head)
+        if subs > 1:  # r9: its KV head
+            rb.li("r9", subs)
+            rb.div("r9", "r13", "r9")
+        kvh = "r9" if subs > 1 else "r13"
         self.hbm("r0", s, Ha(self.layout.flows[fin]))
-        for off, per_head, n, buf in ((a["q_off"], qn, qn, q), (a["k_off"], hd, hd, k),
-                                      (a["v_off"], hd, hd, v)):
-            rb.muli("r1", "r13", per_head * 4)
+        for off, per_head, n, buf, idx in ((a["q_off"], qn, qn, q, "r13"),
+                                           (a["k_off"], hd, hd, k, kvh),
+                                           (a["v_off"], hd, hd, v, kvh)):
+            rb.muli("r1", idx, per_head * 4)
             rb.add("r1", "r1", "r0")
             rb.addi("r1", "r1", off * 4)
             smem(rb, "d1", buf, n)
@@ -70,7 +107,7 @@ class HbmAttention:
                 ([k] if a["rope_k"] else [])
             for x in heads:
                 rope_code(rb, x, None, tmp, hd, mem=smem)
-        rb.muli("r1", "r13", ctx * hd * kvb)  # this head's caches: r4 = K, r5 = V
+        rb.muli("r1", kvh, ctx * hd * kvb)  # this head's caches: r4 = K, r5 = V
         self.hbm("r4", s, kha)
         rb.add("r4", "r4", "r1")
         self.hbm("r5", s, vha)
@@ -170,6 +207,6 @@ class HbmAttention:
         rb.dmast("d1", "r0", 2)
         rb.dmawait(2)
         rb.addi("r13", "r13", C)
-        rb.li("r0", nkv)
+        rb.li("r0", items)
         rb.blt("r13", "r0", head)
         rb.label(done)

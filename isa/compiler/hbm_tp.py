@@ -69,10 +69,6 @@ def _kind_of(plan: Plan, s: Stage) -> str:
                        f"{[p.kind for p in producers]} and {[c.kind for c in consumers]}")
 
 
-def _rows(m: Matrix, a: int, b: int) -> tuple[int, int]:
-    return (a, b)  # logical rows of m (its WeightRef view)
-
-
 def shard(plan: Plan, G: int) -> TensorParallel:
     """One GPU's share of `plan` on a node of G GPUs (module docstring); CompileError in one
     line when the model's heads or matrices do not split over G."""
@@ -270,7 +266,7 @@ class HbmTensorParallel:
         GPU's flow buffers: SM x loads slice x, the column allreduces it, SM x stores it."""
         from wse_emu.isa.compiler.hbm_emit import Ha, smem
         rb, n = self.rb, self.tp_slice(s.out_len)
-        buf = self.arena.take(n * 4)
+        buf = self.tp_buf
         smem(rb, "d1", buf, n)
         rb.muli("r1", "X", n * 4)
         dests = [self.layout.flows[f] for f in s.out_flows]
@@ -286,6 +282,13 @@ class HbmTensorParallel:
             rb.dmast("d1", "r0", 1)
         rb.dmawait(1)
 
+    def tp_block_bytes(self) -> int:
+        """SRAM bytes of the block every allreduce and the logit gather use."""
+        n = [self.tp_slice(s.out_len) for s in self.plan.stages
+             if s.id in self.tp.splits and self.tp.splits[s.id].kind == "row"]
+        n += [self.G * self.tp_slice(vg) for _, vg, _ in self.tp.vocab.values()]
+        return 4 * max(n, default=1)
+
     def tp_slice(self, length: int) -> int:
         """Floats of a length-long vector an SM column allreduces."""
         return -(-length // self.C)
@@ -299,7 +302,7 @@ class HbmTensorParallel:
         rb, L, G = self.rb, self.labels, self.G
         V, vg, name = self.tp.vocab[s.id]
         n = self.tp_slice(vg)
-        block = self.arena.take(G * n * 4)
+        block = self.tp_buf
         smem(rb, "d1", block, G * n)
         rb.vfill("d1", ZF)
         rb.muli("r1", "X", n * 4)
