@@ -39,11 +39,11 @@ from wse_emu.emulator.core_state import (
     CT_OUT, CT_STOP, H_BUSY, HBM_TICKS, K_FAULT_PE, K_FAULT_REASON, K_HBM_READ, K_HBM_WRITE,
     K_HEAP_N, K_HOPS, K_INSTR_TOTAL, K_MESSAGES, K_OUTCOME, K_QUEUED, K_TRACE_N, K_WAVELETS,
     J_FREE, J_STATE, MP_ASYNC, MP_PE_BITS, N_CT, N_JOB_COLS, P_CLOCK, State, job_descriptors,
-    max_clock, result_columns)
+    max_clock, result_columns, C_A, C_B, D_COUNT, D_DTYPE, D_LEN, P_CODE0, P_PC)
 from wse_emu.emulator.core_undo import restore_sram
-from wse_emu.emulator.load import Loaded, PageSnapshot
-from wse_emu.emulator.result import RUN_FAULT, RUN_MAX_CYCLES, RunResult
-from wse_emu.isa.spec import BY_MNEMONIC
+from wse_emu.emulator.load import Loaded, PageSnapshot, hbm_chip_detail
+from wse_emu.emulator.result import F_HBM_CHIP, RUN_FAULT, RUN_MAX_CYCLES, RunResult
+from wse_emu.isa.spec import BY_MNEMONIC, DTYPE_BYTES
 
 OP_DMAST = BY_MNEMONIC["dmast"].opcode
 
@@ -294,7 +294,8 @@ def _result(state: State, max_cycles: int | None) -> RunResult:
     k = state.counters
     outcome = int(k[K_OUTCOME])
     # DMAs still outstanding at the end finish after the last instruction
-    i32, i64, link_wavelets, cycles = result_columns(state.pe, state.link)
+    i32, i64, wavelets, cycles = result_columns(state.pe, state.link)
+    links = state.loaded.n_links  # then the system's pipes (core_state, L_FREE)
     n = state.pe.shape[0]
     if outcome == RUN_MAX_CYCLES:
         cycles = int(max_cycles)
@@ -302,9 +303,22 @@ def _result(state: State, max_cycles: int | None) -> RunResult:
     return RunResult(
         outcome=outcome, cycles=int(cycles), pc=i32[0, :n], status=i32[1, :n], clock=i64[0, :n],
         wait_color=i32[2, :n], instructions=i64[1, :n], busy=i64[2, :n], recv_stall=i64[3, :n],
-        bp_stall=i64[4, :n], class_counts=state.class_counts(), link_wavelets=link_wavelets,
+        bp_stall=i64[4, :n], class_counts=state.class_counts(), link_wavelets=wavelets[:links],
         messages=int(k[K_MESSAGES]), wavelets=int(k[K_WAVELETS]), wavelet_hops=int(k[K_HOPS]),
         fault_pe=int(k[K_FAULT_PE]), fault_reason=int(k[K_FAULT_REASON]),
         trace=[tuple(row) for row in state.trace[:n_trace].tolist()],
         hbm_read_bytes=int(k[K_HBM_READ]), hbm_write_bytes=int(k[K_HBM_WRITE]),
-        dma_stall=i64[5, :n], hbm_channel_busy=-(-state.hbm_ch[:, H_BUSY] // HBM_TICKS))
+        dma_stall=i64[5, :n], hbm_channel_busy=-(-state.hbm_ch[:, H_BUSY] // HBM_TICKS),
+        pipe_wavelets=wavelets[links:].copy(), fault_detail=_fault_detail(state, outcome))
+
+
+def _fault_detail(state: State, outcome: int) -> str:
+    """The address and owner of a DMA into another GPU's HBM (load.hbm_chip_detail)."""
+    k = state.counters
+    if outcome != RUN_FAULT or int(k[K_FAULT_REASON]) != F_HBM_CHIP:
+        return ""
+    p = int(k[K_FAULT_PE])
+    at = int(state.pe[p, P_CODE0] + state.pe[p, P_PC])
+    d = state.dsd[p, int(state.code[at, C_A])]
+    nbytes = int(d[D_LEN] * d[D_COUNT]) * DTYPE_BYTES[int(d[D_DTYPE])]
+    return hbm_chip_detail(state.loaded, p, int(state.ireg[p, int(state.code[at, C_B])]), nbytes)

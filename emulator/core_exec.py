@@ -25,17 +25,19 @@ from wse_emu.emulator.core_state import (
     S_LI, S_LW, S_MATRIX, S_MOV, S_MUL, S_MULI, S_OR, S_RDOT, S_REM, S_RMAX, S_RSUM, S_SHLI, S_SHRI,
     S_SLT, S_SUB, S_SW, S_TENSOR, S_XOR, V_CONVERT, V_F16, V_F32, V_MIXED, V_SPECIAL, X_FAULT,
     S_DMALD, S_DMAST, H_BUSY, H_FREE, HBM_TICKS, K_HBM_READ, K_HBM_WRITE, MP_HBM_BYTES,
-    MP_HBM_CH, MP_HBM_IL, MP_HBM_LAT, MP_ISSUE, MP_UNDO, P_DMASTALL, P_TAG0, X_GROW, X_OK)
+    MP_HBM_CH, MP_HBM_IL, MP_HBM_LAT, MP_ISSUE, MP_UNDO, P_DMASTALL, P_TAG0, X_GROW, X_OK,
+    MP_CHIP_H, MP_HBM_CHIP)
 from wse_emu.emulator.core_undo import note_write, undo_fits
 from wse_emu.emulator.result import (F_ALIGN, F_COUNT, F_DEST_NOT_MEM, F_DMA_DESC, F_DMA_TAG,
-                             F_FABIN_DEST, F_FABOUT_SRC, F_HBM_RANGE, F_OOB, F_SAME_COLOR,
+                             F_FABIN_DEST, F_FABOUT_SRC, F_HBM_CHIP, F_HBM_RANGE, F_OOB, F_SAME_COLOR,
                              F_SCALAR_MEM, F_TARGET, F_TIMING_DATA, ST_HALT)
-from wse_emu.isa.spec import DSD_FABIN, DSD_FABOUT, DSD_MEM, DTYPES, N_DMA_TAGS
+from wse_emu.isa.spec import DSD_FABIN, DSD_FABOUT, DSD_MEM, DTYPES, N_DMA_TAGS, SPECIAL_IREGS
 from wse_emu.kernels import scalar
 from wse_emu.kernels.access import gather, scatter
 from wse_emu.kernels.convert import f32_from_bits
 
 DT_F32 = DTYPES["f32"]
+GY = SPECIAL_IREGS["GY"]  # a PE's absolute fabric row (read-only): its chip in a system
 # Magnitudes beyond which an address computation is certainly outside any SRAM: checking
 # against them first keeps the exact int64 arithmetic below free of overflow.
 FAR = 1 << 50
@@ -465,9 +467,10 @@ def is_dma(sem):
 
 
 @njit(cache=True)
-def hbm_reserve(t0, addr, nbytes, mp, hbm_ch, rate):
+def hbm_reserve(t0, addr, nbytes, mp, hbm_ch, rate, ch0):
     """Reserve the HBM channels for bytes [addr, addr + nbytes) of a request leaving at cycle
-    t0 (first come first served, in ticks); the cycle the transfer is complete."""
+    t0 (first come first served, in ticks); the cycle the transfer is complete. `addr` is
+    relative to the GPU's own HBM, whose channels are rows ch0 .. ch0 + channels - 1."""
     if nbytes == 0:
         return t0
     channels, il = mp[MP_HBM_CH], mp[MP_HBM_IL]
@@ -490,9 +493,9 @@ def hbm_reserve(t0, addr, nbytes, mp, hbm_ch, rate):
         if n_c == 0:
             continue
         dur = np.int64(np.ceil(np.float64(n_c) * np.float64(HBM_TICKS) / rate))
-        s_c = max(t0 * HBM_TICKS, hbm_ch[ch, H_FREE])
-        hbm_ch[ch, H_FREE] = s_c + dur
-        hbm_ch[ch, H_BUSY] += dur
+        s_c = max(t0 * HBM_TICKS, hbm_ch[ch0 + ch, H_FREE])
+        hbm_ch[ch0 + ch, H_FREE] = s_c + dur
+        hbm_ch[ch0 + ch, H_BUSY] += dur
         last = max(last, s_c + dur)
     return (last + HBM_TICKS - 1) // HBM_TICKS + mp[MP_HBM_LAT]
 
@@ -519,6 +522,14 @@ def exec_dma(p, sem, a, b, tag, cls, pe, ireg, dsd, sram_u16, unknown, undo, und
     if addr < 0 or addr > mp[MP_HBM_BYTES] or addr % size != 0 or \
             addr + nbytes > mp[MP_HBM_BYTES]:
         return _fault(pe, p, F_HBM_RANGE)
+    # a system of GPUs: each SM reaches its own GPU's HBM only
+    own = np.int64(0)
+    chip = np.int64(0)
+    if mp[MP_HBM_CHIP] > 0:
+        chip = ireg[p, GY] // mp[MP_CHIP_H]
+        own = chip * mp[MP_HBM_CHIP]
+        if addr < own or addr + nbytes > own + mp[MP_HBM_CHIP]:
+            return _fault(pe, p, F_HBM_CHIP)
     lo = dsd[p, a, D_ADDR]
     timing = mp[MP_TIMING] != 0
     if sem == S_DMALD and not timing and mp[MP_UNDO] and \
@@ -548,7 +559,7 @@ def exec_dma(p, sem, a, b, tag, cls, pe, ireg, dsd, sram_u16, unknown, undo, und
     t0 = start + mp[MP_ISSUE]
     pe[p, P_CLOCK] = t0
     pe[p, P_BUSY] += mp[MP_ISSUE]
-    done = hbm_reserve(t0, addr, nbytes, mp, hbm_ch, hbm_rate[0])
+    done = hbm_reserve(t0, addr - own, nbytes, mp, hbm_ch, hbm_rate[0], chip * mp[MP_HBM_CH])
     if done > pe[p, P_TAG0 + tag]:
         pe[p, P_TAG0 + tag] = done
     finish_chunk(p, cls, 0, 0, start, t0, pe, mp, trace, counters)

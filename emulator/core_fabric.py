@@ -13,12 +13,13 @@ import numpy as np
 from numba import njit
 
 from wse_emu.emulator.core_state import (
-    DL_BP, DL_CONSUMED, DL_HEAD, DL_LEN, DL_MSG, DL_NEXT, DL_TAIL, E_DEST, E_LINK, E_PARENT,
+    DL_BP, DL_CONSUMED, DL_HEAD, DL_LEN, DL_MSG, DL_NEXT, DL_TAIL, E_DEST, E_LINK, E_PARENT, E_PIPE,
     K_DL_HEAD, K_DL_NFREE, K_DL_USED, K_HOPS, K_MESSAGES, K_MSG_HEAD, K_MSG_NFREE, K_MSG_USED,
     K_NEED, K_NEED_AMOUNT, K_POOL_TOP, K_QUEUED, K_WAVELETS, L_FREE, L_WAVELETS, MP_COLORS,
-    MP_HOP, MP_QDEPTH, MP_RAMP, MP_TIMING, M_BP_PENDING, M_BP_RELEASE, M_LEN, M_NEXT, M_OFF,
+    MP_HOP, MP_PIPE_BASE, MP_PIPE_LAT, MP_PIPE_TPW, MP_QDEPTH, MP_RAMP, MP_TIMING, M_BP_PENDING, M_BP_RELEASE, M_LEN, M_NEXT, M_OFF,
     M_REFS, M_SENDER, NEED_POOL, NEED_RECORDS, P_BPSTALL, P_CLOCK, P_STATUS, P_WAIT, Q_FIRST,
     Q_LAST, Q_QUEUED, T_COUNT, T_NDEST, T_START, X_GROW)
+from wse_emu.emulator.load import PIPE_TICKS
 from wse_emu.emulator.result import ST_RUN, ST_WAIT_BP, ST_WAIT_RECV
 from wse_emu.kernels.access import f32_to_wavelets, wavelets_to_f32
 from wse_emu.kernels.prefetch import prefetch
@@ -231,6 +232,22 @@ def _take(table, next_col, counters, head, nfree, used):
     return r
 
 
+@njit(cache=True)
+def cross_pipe(link, row, s_h, s_t, k, mp):
+    """A message of k wavelets whose head and tail pass the fabric link into a system pipe
+    at cycles s_h and s_t crosses the pipe (link row `row`, free time in ticks): it starts when
+    its head is there and the pipe is free, occupies the pipe k * ticks-per-wavelet, and
+    leaves link_latency later. Returns the cycles its head and tail leave the pipe
+    (docs/timing-model.md, "Systems: links between chips")."""
+    p_start = max(s_h * PIPE_TICKS, link[row, L_FREE])
+    p_end = p_start + k * mp[MP_PIPE_TPW]
+    link[row, L_FREE] = p_end
+    link[row, L_WAVELETS] += k
+    c_h = (p_start + PIPE_TICKS - 1) // PIPE_TICKS
+    c_t = max(s_t, max(c_h, (p_end + PIPE_TICKS - 1) // PIPE_TICKS - 1))
+    return c_h + mp[MP_PIPE_LAT], c_t + mp[MP_PIPE_LAT]
+
+
 @njit(cache=True, inline="always")
 def send(p, color, dtype, vals, k, start, end, pe, mp, tree_of, tree, tree_tmp, queue, link,
          dl, msg, payload, counters, wake, nwake):
@@ -270,6 +287,8 @@ def send(p, color, dtype, vals, k, start, end, pe, mp, tree_of, tree, tree_tmp, 
         link[lk, L_FREE] = s_t + 1
         link[lk, L_WAVELETS] += k
         counters[K_HOPS] += k
+        if tree[e, E_PIPE] >= 0:  # a system link: the chips' shared pipe as well
+            s_h, s_t = cross_pipe(link, mp[MP_PIPE_BASE] + tree[e, E_PIPE], s_h, s_t, k, mp)
         dest = tree[e, E_DEST]
         if dest < 0:
             tree_tmp[e - first, 0] = s_h + hop

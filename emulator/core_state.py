@@ -17,7 +17,7 @@ import weakref
 import numpy as np
 from numba import njit
 
-from wse_emu.emulator.load import Loaded
+from wse_emu.emulator.load import Loaded, pipe_ticks_per_wavelet
 from wse_emu.isa.costs import products_by_column
 from wse_emu.isa.spec import (COST_CLASSES, DTYPES, FIXED_CLASSES, INSTRUCTIONS, N_DMA_TAGS, N_DREGS,
                       N_FREGS,
@@ -106,9 +106,10 @@ Q_FIRST, Q_LAST, Q_QUEUED = range(3)
 
 # Route trees: per (PE, color) slot its first entry (-1 = none), entries and RAMP deliveries;
 # per entry the link it reserves, the entry it leaves from (-1 = the source router) and the
-# PE a RAMP entry delivers to (-1 = a router-to-router link).
+# PE a RAMP entry delivers to (-1 = a router-to-router link), and the system pipe the link
+# crosses into (-1 = an ordinary link; load.link_pipes), checked once per link reserved.
 T_START, T_COUNT, T_NDEST = range(3)
-E_LINK, E_PARENT, E_DEST = range(3)
+E_LINK, E_PARENT, E_DEST, E_PIPE = range(4)
 
 # A delivery of a message to one input queue. DL_NEXT chains a queue, or the free records.
 # Records are taken from the free list, else from the never-used ones above K_DL_USED.
@@ -123,7 +124,9 @@ N_MSG_COLS = 7
 # Undo log entries: the first uint16 word of SRAM saved, how many, where in the log's data.
 U_START, U_LEN, U_OFF = range(3)
 
-# Links: first free cycle, wavelets carried.
+# Links: first free cycle, wavelets carried. The system's pipes (docs/timing-model.md,
+# "Systems: links between chips") are the rows after the fabric's links (from MP_PIPE_BASE):
+# first free tick (1/load.PIPE_TICKS cycle), wavelets crossed.
 L_FREE, L_WAVELETS = range(2)
 
 # The scheduler's heap holds keys clock << MP_PE_BITS | PE: one int64 compare orders them by
@@ -136,10 +139,14 @@ MAX_KEY_BITS = 62
 # MP_ASYNC: tile products go to the helper thread's ring (core_jobs) instead of running at once.
 # MP_HBM_*: the program's HBM size (the DMA range limit), latency, channels and interleave.
 # MP_BY_COLUMN: tile products issue one op a column (isa.costs.products_by_column).
+# MP_PIPE_*: the system pipes' first row in the link table, ticks per wavelet, latency.
+# MP_HBM_CHIP: bytes of one GPU's HBM when every GPU of a system has its own (0: one shared
+# HBM); MP_CHIP_H: fabric rows a chip.
 (MP_ISSUE, MP_HOP, MP_RAMP, MP_QDEPTH, MP_COLORS, MP_MAX_CYCLES, MP_STRICT, MP_TRACE_CAP,
  MP_UNDO, MP_PE_BITS, MP_TIMING, MP_HBM_BYTES, MP_HBM_LAT, MP_HBM_CH, MP_HBM_IL,
- MP_ASYNC, MP_BY_COLUMN) = range(17)
-N_MP = 17
+ MP_ASYNC, MP_BY_COLUMN, MP_PIPE_BASE, MP_PIPE_TPW, MP_PIPE_LAT, MP_HBM_CHIP,
+ MP_CHIP_H) = range(22)
+N_MP = 22
 
 # HBM channels (State.hbm_ch rows): first free time and time spent transferring, in ticks of
 # 1/HBM_TICKS cycle (exact sums of many short transfers; emulator/reference.py does the same).
@@ -318,10 +325,11 @@ class Static:
         slots = np.flatnonzero(loaded.tree_start >= 0)  # the senders' slots only
         first = loaded.tree_start[slots].astype(np.int64)
         self.tree_of[slots, T_NDEST] = is_dest[first + loaded.tree_count[slots]] - is_dest[first]
-        self.tree = np.zeros((len(dest), 3), dtype=np.int64)
+        self.tree = np.zeros((len(dest), 4), dtype=np.int64)
         self.tree[:, E_LINK] = loaded.tree_link
         self.tree[:, E_PARENT] = loaded.tree_parent
         self.tree[:, E_DEST] = dest
+        self.tree[:, E_PIPE] = loaded.tree_pipe if len(loaded.tree_pipe) == len(dest) else -1
         self.tree_width = max(1, int(loaded.tree_count.max(initial=0)))
         # the input queues a run can write: the (PE, color) slots route trees deliver to (a
         # 64 x 64 gemv has 8 k of its 98 k); the others stay zero, so a reset skips them,
@@ -431,10 +439,17 @@ class State:
         self.mp[MP_HBM_LAT] = m.hbm_latency
         self.mp[MP_HBM_CH] = max(1, m.hbm_channels)
         self.mp[MP_HBM_IL] = max(1, m.hbm_interleave)
+        self.mp[MP_PIPE_BASE] = loaded.n_links
+        self.mp[MP_PIPE_TPW] = pipe_ticks_per_wavelet(m)
+        self.mp[MP_PIPE_LAT] = m.link_latency
+        per_chip = m.chips > 1 and m.hbm_bytes > 0
+        self.mp[MP_HBM_CHIP] = m.hbm_bytes if per_chip else 0
+        self.mp[MP_CHIP_H] = m.chip_height
         # HBM contents (a stand-in when the program has none or in timing-only mode), the
-        # channels, and one channel's bytes a cycle
+        # channels (every GPU's own, one after another), and one channel's bytes a cycle
         self.hbm = loaded.hbm if loaded.hbm.size else np.zeros(1, dtype=np.uint8)
-        self.hbm_ch = np.zeros((max(1, m.hbm_channels), 2), dtype=np.int64)
+        self.hbm_ch = np.zeros((max(1, m.hbm_channels) * (m.chips if per_chip else 1), 2),
+                               dtype=np.int64)
         self.hbm_rate = np.array([m.hbm_bytes_per_cycle / max(1, m.hbm_channels)], np.float64)
         # the input queues: only a queue's wavelet count matters while it is 0, so after a run
         # that ended with every queue empty (Static.queues_empty) they are as a run starts them
@@ -442,7 +457,7 @@ class State:
         if not fixed.queues_empty:
             _zero_rows(self.queue, fixed.queue_slots)
         fixed.queues_empty = False  # until this run ends with none queued (core._loop)
-        self.link = fixed.zeroed("link", (loaded.n_links, 2), np.int64)
+        self.link = fixed.zeroed("link", (loaded.n_links + loaded.n_pipes, 2), np.int64)
         # records and payloads are initialised when taken: no reset
         records = max(256, 2 * n)
         self.dl = fixed.buffer("dl", (records, N_DL_COLS), np.int64)

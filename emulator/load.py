@@ -16,6 +16,7 @@ mode).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +24,7 @@ import numpy as np
 
 from wse_emu.isa.machine import Machine
 from wse_emu.isa.encoding import decode_fields
-from wse_emu.isa.program import DIR_NAMES, DIR_RAMP, HbmInit, HbmPiece, Program, Rect, TileMap
+from wse_emu.isa.program import DIR_N, DIR_NAMES, DIR_RAMP, DIR_S, HbmInit, HbmPiece, Program, Rect, TileMap
 from wse_emu.isa.spec import BY_MNEMONIC, DTYPE_BYTES, DTYPE_NAMES, INSTR_BYTES, N_IREG_SLOTS, SPECIAL_IREGS
 from wse_emu.isa.tensors import TensorError, as_2d, tensor_array
 
@@ -67,6 +68,8 @@ class Loaded:
     tree_parent: np.ndarray  # int32: entry whose router this link leaves from, -1 = source router
     tree_dest: np.ndarray  # int32: PE index for a RAMP delivery, else -1
     base_dir: str | None  # folder external tensors are relative to
+    # int32 (n_entries,): the system pipe an entry's link crosses into (link_pipes), else -1
+    tree_pipe: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     # int64 (n_pes,): byte offset of every PE's SRAM in `sram` (-1: none), and its size, the
     # footprint of the PE's region rounded up to 8, which is also the limit every address
     # check of the PE uses (in both modes, so faults are the same). Functional: every PE, in
@@ -92,6 +95,11 @@ class Loaded:
     @property
     def n_links(self) -> int:
         return self.grid_w * self.grid_h * N_PORTS
+
+    @property
+    def n_pipes(self) -> int:
+        """System pipes: one each way between two neighbouring chips (0 on one chip)."""
+        return 2 * (self.machine.chips - 1)
 
     def pe_sram(self, p: int) -> np.ndarray:
         """PE p's SRAM bytes (a view; empty for a PE without SRAM in timing-only mode)."""
@@ -235,7 +243,7 @@ def fit_problems(program: Program, m: Machine) -> list[str]:
     if need["sram_bytes"] > m.sram_bytes:
         out.append(f"a PE needs {need['sram_bytes']:,} bytes of SRAM, the machine's have "
                    f"{m.sram_bytes:,}")
-    if need["hbm_bytes"] > getattr(m, "hbm_bytes", 0) * getattr(m, "chips", 1):
+    if need["hbm_bytes"] > getattr(m, "hbm_bytes", 0):
         out.append(f"needs {need['hbm_bytes']:,} bytes of HBM, the machine has "
                    f"{getattr(m, 'hbm_bytes', 0) or 'none'}")
     return out
@@ -383,13 +391,13 @@ def _check_regions(program: Program, m: Machine, footprint: np.ndarray) -> None:
 
 
 def _check_hbm_capacity(program: Program, m: Machine) -> None:
-    # a system's chips each have hbm_bytes (chip c owns [c * hbm_bytes, (c + 1) * hbm_bytes))
     need, have = program.hbm_bytes, getattr(m, "hbm_bytes", 0) * getattr(m, "chips", 1)
     if need > have:
         def size(n: int) -> str:
             return f"{n / 1e9:.2f} GB" if n >= 10**7 else f"{n:,} bytes"
+        each = f" ({m.chips} x {size(m.hbm_bytes)})" if have and m.chips > 1 else ""
         raise LoadError(f"program needs {size(need)} of HBM; machine {m.name} has "
-                        f"{size(have) if have else 'no HBM'}")
+                        f"{size(have) + each if have else 'no HBM'}")
 
 
 def _check_code(program: Program, m: Machine, fields: list[dict]) -> None:
@@ -465,7 +473,61 @@ def _build_trees(program, m, box, pe_of_cell, pe_x, pe_y) -> dict:
     if code == lr.ERR_LOOP:
         raise LoadError(f"{src} loops: ({x},{y}) is reached twice")
     return dict(tree_start=start, tree_count=count, tree_link=link, tree_parent=parent,
-                tree_dest=dest)
+                tree_dest=dest, tree_pipe=link_pipes(m, box.w, link))
+
+
+# ---------------------------------------------------------------------------------------------
+# systems: the links between chips (docs/timing-model.md, "Systems: links between chips")
+
+# A pipe's free time is kept in ticks of 1/PIPE_TICKS cycle: a wafer's pipe carries 34
+# wavelets a cycle, so whole cycles would charge a one-wavelet message 34 times its time.
+PIPE_TICKS = 1 << 16
+
+
+def link_pipes(m: Machine, grid_w: int, links: np.ndarray) -> np.ndarray:
+    """int32 per fabric link id (cell * 5 + port): the system pipe it crosses into, -1 for
+    an ordinary link. Chip c holds rows [c * chip_height, (c + 1) * chip_height); the S link
+    of c's last row is pipe 2c (c -> c + 1), the N link of row (c + 1) * chip_height (the
+    first row of chip c + 1) is pipe 2c + 1 (c + 1 -> c)."""
+    links = np.asarray(links, dtype=np.int64)
+    out = np.full(links.shape, -1, dtype=np.int32)
+    if m.chips == 1 or not links.size:
+        return out
+    ch = m.chip_height
+    cell, port = links // N_PORTS, links % N_PORTS
+    y = cell // grid_w
+    south = (port == DIR_S) & ((y + 1) % ch == 0) & (y + 1 < m.height)
+    north = (port == DIR_N) & (y % ch == 0) & (y > 0)
+    out[south] = 2 * (y[south] // ch)
+    out[north] = 2 * (y[north] // ch - 1) + 1
+    return out
+
+
+def pipe_ticks_per_wavelet(m: Machine) -> int:
+    """Ticks (1/PIPE_TICKS cycle) a system pipe is busy per wavelet: wavelet_bytes over the
+    link's bytes per cycle, rounded up (0 on one chip)."""
+    if m.chips == 1:
+        return 0
+    return max(1, math.ceil(m.wavelet_bytes * PIPE_TICKS / m.link_bytes_per_cycle))
+
+
+def hbm_chip_detail(loaded: Loaded, p: int, addr: int, nbytes: int) -> str:
+    """Which GPU owns the HBM a DMA of PE p reached outside its own GPU's (a system of GPUs:
+    GPU c owns bytes [c * hbm_bytes, (c + 1) * hbm_bytes))."""
+    m = loaded.machine
+    hb = m.hbm_bytes
+    chip = int(loaded.pe_y[p]) // m.chip_height
+    lo, hi = chip * hb, (chip + 1) * hb
+    bad = addr if not lo <= addr < hi else hi
+    return (f"its {nbytes} bytes at HBM address {addr:#x} reach byte {bad:#x}, which GPU "
+            f"{bad // hb} owns; this SM is on GPU {chip} (bytes {lo:#x}..{hi - 1:#x})")
+
+
+def pipe_name(m: Machine, pipe: int) -> str:
+    """'chip 0 -> 1' (or 'GPU 0 -> 1') for pipe index `pipe`."""
+    b, up = divmod(pipe, 2)
+    unit = "GPU" if m.kind == "hbm" else "chip"
+    return f"{unit} {b + 1} -> {b}" if up else f"{unit} {b} -> {b + 1}"
 
 
 # ---------------------------------------------------------------------------------------------

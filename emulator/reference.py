@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from wse_emu.emulator.load import Loaded
+from wse_emu.emulator.load import PIPE_TICKS, Loaded, hbm_chip_detail, pipe_ticks_per_wavelet
 from wse_emu.emulator.result import (
     F_ALIGN, F_COUNT, F_DEST_NOT_MEM, F_DMA_DESC, F_DMA_TAG, F_FABIN_DEST, F_FABOUT_SRC,
-    F_HBM_RANGE, F_MATRIX_FABRIC, F_NONE, F_OOB,
+    F_HBM_CHIP, F_HBM_RANGE, F_MATRIX_FABRIC, F_NONE, F_OOB,
     F_NO_ROUTE, F_PC_END, F_SAME_COLOR, F_SCALAR_MEM, F_SHAPE, F_TARGET, RUN_DEADLOCK, RUN_FAULT, RUN_HALTED,
     RUN_MAX_CYCLES, ST_FAULT, ST_HALT, ST_RUN, ST_WAIT_BP, ST_WAIT_RECV, RunResult)
 from wse_emu.isa.spec import (BY_OPCODE, COST_CLASSES, DSD_FABIN, DSD_FABOUT, DSD_MEM, DTYPE_BYTES,
@@ -139,9 +139,17 @@ class Reference:
         self.heap = [(0, i) for i in range(n)]
         self.fault_pe, self.fault_reason = -1, F_NONE
         m = self.m
-        self.hbm_free = [0] * max(1, m.hbm_channels)  # per channel: first free tick
-        self.hbm_busy = [0] * max(1, m.hbm_channels)  # per channel: ticks transferring
+        # a system of GPUs: every GPU its own HBM of hbm_bytes and its own channels
+        self.per_chip = m.chips > 1 and m.hbm_bytes > 0
+        channels = max(1, m.hbm_channels) * (m.chips if self.per_chip else 1)
+        self.hbm_free = [0] * channels  # per channel: first free tick
+        self.hbm_busy = [0] * channels  # per channel: ticks transferring
         self.hbm_read = self.hbm_written = 0
+        self.fault_detail = ""
+        # a system's pipes between chips: first free tick, wavelets crossed
+        self.pipe_free = [0] * loaded.n_pipes
+        self.pipe_wavelets = np.zeros(loaded.n_pipes, dtype=np.int64)
+        self.pipe_tpw = pipe_ticks_per_wavelet(m)
 
     # -- the scheduler -------------------------------------------------------------------------
 
@@ -297,6 +305,13 @@ class Reference:
         addr = int(self.ireg[pe.index][b])
         if addr < 0 or addr % size or addr + nbytes > ld.program.hbm_bytes:
             raise Fault(F_HBM_RANGE)
+        chip, own = 0, 0
+        if self.per_chip:  # an SM reaches its own GPU's HBM only
+            chip = int(ld.pe_y[pe.index]) // m.chip_height
+            own = chip * m.hbm_bytes
+            if addr < own or addr + nbytes > own + m.hbm_bytes:
+                self.fault_detail = hbm_chip_detail(ld, pe.index, addr, nbytes)
+                raise Fault(F_HBM_CHIP)
         lo = int(ld.sram_base[pe.index]) + d[ADDR]
         if name == "dmald":
             ld.sram[lo:lo + nbytes] = ld.hbm[addr:addr + nbytes]
@@ -308,7 +323,7 @@ class Reference:
         t0 = start + m.issue_overhead
         pe.clock = t0
         pe.busy += m.issue_overhead
-        done = self.hbm_reserve(t0, addr, nbytes)
+        done = self.hbm_reserve(t0, addr - own, nbytes, chip * m.hbm_channels)
         pe.tag_done[tag] = max(pe.tag_done[tag], done)
         if self.trace_on and len(self.trace) < self.trace_cap:
             self.trace.append((pe.index, pe.pc, start, t0))
@@ -316,15 +331,17 @@ class Reference:
         pe.instructions += 1
         self.class_counts[CLASS_INDEX["dma"]] += 1
 
-    def hbm_reserve(self, t0: int, addr: int, nbytes: int) -> int:
+    def hbm_reserve(self, t0: int, addr: int, nbytes: int, ch0: int = 0) -> int:
         """Reserve the channels for bytes [addr, addr + nbytes) of a request leaving at cycle
-        t0, first come first served; return the cycle the transfer is complete."""
+        t0, first come first served; return the cycle the transfer is complete. `addr` is
+        relative to the GPU's own HBM, whose channels are ch0 .. ch0 + hbm_channels - 1."""
         if nbytes == 0:
             return t0
         m = self.m
         rate = m.hbm_bytes_per_cycle / m.hbm_channels  # bytes a cycle, one channel
         last = 0
-        for ch, n_c in enumerate(channel_bytes(addr, nbytes, m.hbm_interleave, m.hbm_channels)):
+        for ch, n_c in enumerate(channel_bytes(addr, nbytes, m.hbm_interleave, m.hbm_channels),
+                                 start=ch0):
             if n_c == 0:
                 continue
             dur = math.ceil(n_c * float(HBM_TICKS) / rate)
@@ -594,6 +611,9 @@ class Reference:
             self.link_free[link] = s_t + 1
             self.link_wavelets[link] += k
             self.wavelet_hops += k
+            pipe = int(ld.tree_pipe[e])
+            if pipe >= 0:  # a system link: the chips' shared pipe as well
+                s_h, s_t = self.cross_pipe(pipe, s_h, s_t, k)
             dest = int(ld.tree_dest[e])
             if dest >= 0:
                 deliveries.append((dest, s_h + m.ramp_latency, s_t + m.ramp_latency))
@@ -614,6 +634,17 @@ class Reference:
             pe.status = ST_WAIT_BP
             pe.wait_color = color
 
+    def cross_pipe(self, pipe: int, s_h: int, s_t: int, k: int) -> tuple[int, int]:
+        """k wavelets whose head and tail pass the fabric link into `pipe` at s_h and s_t
+        cross it: the cycles head and tail leave it (docs/timing-model.md, "Systems")."""
+        start = max(s_h * PIPE_TICKS, self.pipe_free[pipe])
+        end = start + k * self.pipe_tpw
+        self.pipe_free[pipe] = end
+        self.pipe_wavelets[pipe] += k
+        c_h = -(-start // PIPE_TICKS)
+        c_t = max(s_t, c_h, -(-end // PIPE_TICKS) - 1)
+        return c_h + self.m.link_latency, c_t + self.m.link_latency
+
     # -- the result ----------------------------------------------------------------------------
 
     def result(self, outcome: int, cycles: int) -> RunResult:
@@ -629,7 +660,8 @@ class Reference:
             fault_pe=self.fault_pe, fault_reason=self.fault_reason, trace=self.trace,
             hbm_read_bytes=self.hbm_read, hbm_write_bytes=self.hbm_written,
             dma_stall=arr("dma_stall"),
-            hbm_channel_busy=np.array([-(-t // HBM_TICKS) for t in self.hbm_busy], np.int64))
+            hbm_channel_busy=np.array([-(-t // HBM_TICKS) for t in self.hbm_busy], np.int64),
+            pipe_wavelets=self.pipe_wavelets, fault_detail=self.fault_detail)
 
 
 def channel_bytes(addr: int, nbytes: int, interleave: int, channels: int) -> list[int]:

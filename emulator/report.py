@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 
-from wse_emu.emulator.load import N_PORTS, Loaded
+from wse_emu.emulator.load import N_PORTS, PIPE_TICKS, Loaded, pipe_name, pipe_ticks_per_wavelet
 from wse_emu.emulator.result import (FAULT_REASONS, RUN_DEADLOCK, RUN_FAULT, RUN_HALTED, RUN_MAX_CYCLES,
                              ST_HALT, ST_WAIT_BP, ST_WAIT_RECV, STATUS_NAMES, RunResult)
 from wse_emu.isa.encoding import format_instr
@@ -57,8 +57,10 @@ def problem_line(loaded: Loaded, result: RunResult) -> str | None:
     """The one-line headline of a run that did not halt."""
     if result.outcome == RUN_FAULT:
         i = result.fault_pe
+        detail = f" ({result.fault_detail})" if result.fault_detail else ""
         return (f"fault at {pe_name(loaded, i)} pc {int(result.pc[i])} "
-                f"`{instr_text(loaded, i, int(result.pc[i]))}`: {FAULT_REASONS[result.fault_reason]}")
+                f"`{instr_text(loaded, i, int(result.pc[i]))}`: "
+                f"{FAULT_REASONS[result.fault_reason]}{detail}")
     if result.outcome == RUN_DEADLOCK:
         n = int(np.sum(result.status != ST_HALT))
         return f"deadlock at cycle {result.cycles}: {n} PEs blocked, none can run"
@@ -122,6 +124,8 @@ def summary(loaded: Loaded, result: RunResult) -> dict:
     }
     if m.hbm_bytes or result.hbm_read_bytes or result.hbm_write_bytes:
         d["hbm"] = hbm_summary(loaded, result)
+    if m.chips > 1:
+        d["system"] = system_summary(loaded, result)
     problem = problem_line(loaded, result)
     if problem:
         d["problem"] = problem
@@ -134,7 +138,8 @@ def hbm_summary(loaded: Loaded, result: RunResult) -> dict:
     channels) they used over the whole run, DMA stalls and per-channel busy cycles."""
     m = loaded.machine
     moved = int(result.hbm_read_bytes) + int(result.hbm_write_bytes)
-    peak = m.hbm_bandwidth / m.clock_hz * max(int(result.cycles), 1)  # bytes at peak
+    # every GPU of a system has its own HBM and bandwidth
+    peak = m.hbm_bandwidth * m.chips / m.clock_hz * max(int(result.cycles), 1)  # bytes at peak
     return {
         "read_bytes": int(result.hbm_read_bytes),
         "write_bytes": int(result.hbm_write_bytes),
@@ -142,6 +147,21 @@ def hbm_summary(loaded: Loaded, result: RunResult) -> dict:
         "dma_stall_cycles": int(np.sum(result.dma_stall)),
         "channel_busy_cycles": [int(c) for c in result.hbm_channel_busy],
     }
+
+
+def system_summary(loaded: Loaded, result: RunResult) -> dict:
+    """The links between the chips of a system: per pipe (one each way between neighbouring
+    chips) the bytes that crossed it and its busy fraction, the share of the run's cycles it
+    was transferring (wavelets x its ticks per wavelet; docs/timing-model.md, "Systems")."""
+    m = loaded.machine
+    cycles = max(int(result.cycles), 1)
+    tpw = pipe_ticks_per_wavelet(m)
+    pipes = []
+    for i, wavelets in enumerate(np.asarray(result.pipe_wavelets, dtype=np.int64).tolist()):
+        pipes.append({"pipe": pipe_name(m, i), "bytes": wavelets * m.wavelet_bytes,
+                      "busy_fraction": round(wavelets * tpw / PIPE_TICKS / cycles, 6)})
+    return {"chips": m.chips, "chip": m.base, "link_bytes_per_s": m.link_bandwidth,
+            "link_latency_cycles": m.link_latency, "pipes": pipes}
 
 
 def text(d: dict) -> str:
@@ -173,6 +193,15 @@ def text(d: dict) -> str:
         lines.append(f"HBM: {h['read_bytes'] / 1e6:,.3f} MB read, {h['write_bytes'] / 1e6:,.3f} MB "
                      f"written, {h['peak_fraction'] * 100:.1f}% of peak bandwidth over the run; "
                      f"PE cycles waiting for DMA {h['dma_stall_cycles']:,}")
+    if "system" in d:
+        s = d["system"]
+        used = [p for p in s["pipes"] if p["bytes"]]
+        lines.append(f"system    {s['chips']} x {s['chip']}, links {s['link_bytes_per_s'] / 1e9:g} "
+                     f"GB/s each way, {s['link_latency_cycles']:,} cycles latency; "
+                     f"{len(used)} of {len(s['pipes'])} pipes used")
+        for p in used:
+            lines.append(f"          {p['pipe']}: {p['bytes'] / 1e6:,.6f} MB, busy "
+                         f"{p['busy_fraction'] * 100:.2f}% of the run")
     threads = " (tile products on a second thread)" if d["host_threads"] > 1 else ""
     lines.append(f"host      {d['host_seconds']:.3f} s{threads}")
     return "\n".join(lines)

@@ -42,10 +42,11 @@ FAULT_REASONS = (
     "DMA range outside the program's HBM (hbm_bytes), or its HBM address not aligned to the "
     "element size",
     "DMA tag must be 0..7",
+    "DMA range in another GPU's HBM: an SM reaches only its own GPU's",
 )
 (F_NONE, F_OOB, F_ALIGN, F_COUNT, F_MATRIX_FABRIC, F_DEST_NOT_MEM, F_FABIN_DEST, F_FABOUT_SRC,
  F_PC_END, F_TARGET, F_SCALAR_MEM, F_SAME_COLOR, F_SHAPE, F_NO_ROUTE,
- F_TIMING_DATA, F_DMA_DESC, F_HBM_RANGE, F_DMA_TAG) = range(len(FAULT_REASONS))
+ F_TIMING_DATA, F_DMA_DESC, F_HBM_RANGE, F_DMA_TAG, F_HBM_CHIP) = range(len(FAULT_REASONS))
 
 
 @dataclass
@@ -77,6 +78,11 @@ class RunResult:
     hbm_write_bytes: int = 0
     dma_stall: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     hbm_channel_busy: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # a system (docs/timing-model.md, "Systems: links between chips"): per pipe (2b: chip b to
+    # b + 1, 2b + 1: back) the wavelets that crossed it
+    pipe_wavelets: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # what the fault's reason alone does not say (an address, the GPU that owns it), or ""
+    fault_detail: str = ""
 
     @property
     def outcome_name(self) -> str:
