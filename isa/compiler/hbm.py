@@ -189,9 +189,9 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
             base = machine.base
             hold = (f"{n} GPUs would hold it (--machine {base}x{n})" if n
                     else f"no node of up to 64 {base} GPUs holds it")
-            raise CompileError(f"the model needs {need / 1e9:.1f} GB of HBM a GPU (weights, KV "
+            raise CompileError(f"the model needs {need / 1e9:.2f} GB of HBM a GPU (weights, KV "
                                f"caches, tables) but machine '{machine.name}' has "
-                               f"{machine.hbm_bytes / 1e9:.0f} GB a GPU: {hold}")
+                               f"{machine.hbm_bytes / 1e9:.2f} GB a GPU: {hold}")
         self.bodies = _bodies(plan)
         self.body_of = {sid: (lay, i) for lay, ids in enumerate(self.bodies)
                         for i, sid in enumerate(ids)}

@@ -121,40 +121,81 @@ class HbmAttention:
             rb.dmast("d1", "r0", 2)
         rb.addi("r3", "r2", 1)  # r3: positions attended (0 .. position)
 
-        def chunk_rows():  # r7 = min(CH, r3 - r6): rows of the chunk starting at row r6
+        def chunk_rows(row, rows):  # rows = min(CH, r3 - row): the chunk starting at row
             full = L("full_chunk")
-            rb.sub("r7", "r3", "r6")
+            rb.sub(rows, "r3", row)
             rb.li("r8", CH)
-            rb.blt("r7", "r8", full)
-            rb.addi("r7", "r8", 0)
+            rb.blt(rows, "r8", full)
+            rb.addi(rows, "r8", 0)
             rb.label(full)
 
-        def load_chunk(base, buf, tag):
-            chunk_rows()
-            rb.muli("r1", "r6", hd * kvb)
+        def load_chunk(base, buf, tag, row, rows):
+            chunk_rows(row, rows)
+            rb.muli("r1", row, hd * kvb)
             rb.add("r0", base, "r1")
             smem(rb, "d1", buf, 0, kvd)
-            rb.muli("r8", "r7", hd)
+            rb.muli("r8", rows, hd)
             rb.dlen("d1", "r8")
             rb.dmald("d1", "r0", tag)
-        # pass 1: scores of every cached position, CH at a time: (1 x hd) q times (hd x CH) K^T
-        rb.li("r6", 0)
-        scores = L("scores")
-        rb.label(scores)
-        load_chunk("r4", kc, 1)
-        rb.dmawait(1)
-        rb.muli("r1", "r6", 4)
-        for j in range(group):
-            smem(rb, "d6", sc[j], 1)
-            rb.daddr("d6", "r1", sc[j])
-            rb.d2d("d6", CH, 1)
-            smem(rb, "d7", q + j * hd * 4, 1)
-            rb.d2d("d7", hd, 1)
-            smem(rb, "d8", kc, hd, kvd)
-            rb.d2d("d8", CH, hd)
-            rb.mm("d6", "d7", "d8")
-        rb.addi("r6", "r6", CH)
-        rb.blt("r6", "r3", scores)
+
+        def stream(base, body):
+            """The chunks at rows r6 = 0, CH, ... < r3 through kc and vc in turn (tags 1 and
+            3): the next chunk's DMA in flight while body(buf, tag) uses this one."""
+            rb.li("r6", 0)
+            load_chunk(base, kc, 1, "r6", "r7")
+            top, end = L("chunks"), L("chunks_done")
+            rb.label(top)
+            for i, (buf, tag, other, otag) in enumerate(((kc, 1, vc, 3), (vc, 3, kc, 1))):
+                last = L("last_chunk")
+                rb.addi("r2", "r6", CH)  # r2: the next chunk's first row (the position is
+                rb.bge("r2", "r3", last)  # no longer needed)
+                load_chunk(base, other, otag, "r2", "r9")
+                rb.label(last)
+                body(buf, tag)
+                rb.addi("r6", "r6", CH)
+                if i == 0:
+                    rb.bge("r6", "r3", end)
+                else:
+                    rb.blt("r6", "r3", top)
+            rb.label(end)
+
+        def scores(buf, tag):  # (1 x hd) q times (hd x CH) K^T for each query head
+            rb.dmawait(tag)
+            rb.muli("r1", "r6", 4)
+            for j in range(group):
+                smem(rb, "d6", sc[j], 1)
+                rb.daddr("d6", "r1", sc[j])
+                rb.d2d("d6", CH, 1)
+                smem(rb, "d7", q + j * hd * 4, 1)
+                rb.d2d("d7", hd, 1)
+                smem(rb, "d8", buf, hd, kvd)
+                rb.d2d("d8", CH, hd)
+                rb.mm("d6", "d7", "d8")
+
+        def weigh(buf, tag):  # o += V_chunk^T p_chunk, the chunk's unfilled rows zero
+            chunk_rows("r6", "r7")
+            full = L("v_full")
+            rb.li("r8", CH)
+            rb.sub("r8", "r8", "r7")
+            rb.beq("r8", ZR, full)
+            rb.muli("r8", "r8", hd)
+            smem(rb, "d1", buf, 1, kvd)
+            rb.muli("r1", "r7", hd * kvb)
+            rb.daddr("d1", "r1", buf)
+            rb.dlen("d1", "r8")
+            rb.vfill("d1", ZF)
+            rb.label(full)
+            rb.dmawait(tag)
+            rb.muli("r1", "r6", 4)
+            for j in range(group):
+                smem(rb, "d8", buf, hd, kvd)
+                rb.d2d("d8", CH, hd)  # V^T: (hd, CH) column-major
+                smem(rb, "d6", sc[j], CH)
+                rb.daddr("d6", "r1", sc[j])
+                smem(rb, "d9", o + j * hd * 4, hd)
+                rb.mva("d9", "d8", "d6")
+        # pass 1: the scores of every cached position
+        stream("r4", scores)
         # softmax over positions 0 .. r3-1; the rest of the last chunk weighs 0
         rb.fli("f5", float(a["scale"]))
         rb.fli("f6", 1.0)
@@ -171,35 +212,10 @@ class HbmAttention:
             rb.dlen("d7", "r7")
             rb.vfill("d7", ZF)
             rb.label(tail)
-        # pass 2: o += V_chunk^T p_chunk, the chunk's unfilled rows zero
+        # pass 2: the weighted sum of the values
         smem(rb, "d9", o, qn)
         rb.vfill("d9", ZF)
-        rb.li("r6", 0)
-        weigh = L("weigh")
-        rb.label(weigh)
-        load_chunk("r5", vc, 3)
-        full = L("v_full")
-        rb.li("r8", CH)
-        rb.sub("r8", "r8", "r7")
-        rb.beq("r8", ZR, full)
-        rb.muli("r8", "r8", hd)
-        smem(rb, "d1", vc, 1, kvd)
-        rb.muli("r1", "r7", hd * kvb)
-        rb.daddr("d1", "r1", vc)
-        rb.dlen("d1", "r8")
-        rb.vfill("d1", ZF)
-        rb.label(full)
-        rb.dmawait(3)
-        rb.muli("r1", "r6", 4)
-        for j in range(group):
-            smem(rb, "d8", vc, hd, kvd)
-            rb.d2d("d8", CH, hd)  # V^T: (hd, CH) column-major
-            smem(rb, "d6", sc[j], CH)
-            rb.daddr("d6", "r1", sc[j])
-            smem(rb, "d9", o + j * hd * 4, hd)
-            rb.mva("d9", "d8", "d6")
-        rb.addi("r6", "r6", CH)
-        rb.blt("r6", "r3", weigh)
+        stream("r5", weigh)
         self.hbm("r0", s, Ha(self.layout.flows[fout]))
         rb.muli("r1", "r13", qn * 4)
         rb.add("r0", "r0", "r1")
