@@ -110,6 +110,7 @@ class _Layout:
     rope: dict = field(default_factory=dict)  # stage id -> (cos, sin) absolute addresses
     blocks: list = field(default_factory=list)  # per layer: HBM address of its block
     local_out: dict = field(default_factory=dict)  # node: LM head stage id -> its logit slice
+    scratch: int = 0  # attention parts' (m, l, o) (isa/compiler/hbm_attn.py)
     weight_bytes: int = 0
     kv_bytes: int = 0
 
@@ -230,7 +231,12 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
             self.arena0 = self.tp_buf + self.tp_block_bytes()
         self.need = {}
         self._slices = 0  # inline tensors of matrix slices (a node)
+        self.attn_plans = {}  # stage id -> (query heads an item, cores an item)
         self.layout = self._layout(pb)
+        parts = max((self.attn_scratch_bytes(s) for s in self.plan.stages if s.kind == "attn"),
+                    default=0)
+        if parts:
+            self.layout.scratch = pb.hbm_alloc("attn_parts", parts)
         self.gpu_bytes = pb._hbm_cursor  # one GPU's HBM; the others' are copies of its layout
         for c in range(1, self.G):
             pb.hbm_alloc(f"gpu{c}", self.gpu_bytes, at=c * m.hbm_bytes)
