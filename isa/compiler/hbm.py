@@ -17,10 +17,13 @@ mapped differently:
   waits for the store, the barrier passes, and the consumer loads it. A real GPU would hit L2
   for these; this model has none, so each core's read of a gemv input is HBM traffic (a few %
   of the weight bytes; counted in hbm_read_bytes, never hidden).
-- Embed and vector stages (gathers, residual adds, norms) run on core 0. Attention runs one KV
-  head a core (heads g = X, X + C, ...), with its query heads; the K and V caches are in HBM,
-  a position a row: the new k and v are appended with `dmast`, then the cached positions are
-  read back in chunks of CH rows (scores with `mm`, softmax, weighted sum with `mva`).
+- Embed and vector stages (gathers, residual adds, norms) run on core 0. Attention runs a KV
+  head's query heads a work item, each item's positions split over several cores (isa/
+  compiler/hbm_attn.py); the K and V caches are in HBM, a position a row: the new k and v are
+  appended with `dmast`, then the cached positions are read back in chunks of CH rows (scores
+  with `mm`, softmax, weighted sum with `mva`), and the parts combined.
+- On a GPU node (a system of G GPUs, NAMExN) every GPU runs this kernel on its share of the
+  model, two allreduces a layer over the node's links (isa/compiler/hbm_tp.py).
 - Transformer layers whose code is identical run as a loop over per-layer HBM blocks (a
   register holds the block's base; a GPU kernel's weight pointers), so code stays small at 32
   layers. The code is compared, not assumed: a layer whose code differs is emitted on its own.
@@ -28,8 +31,9 @@ mapped differently:
   known); outputs (logits) are HBM pieces the host reads after the run.
 
 Decode only: one position a run (T = 1), causal attention; encoders are refused in one line.
-Register conventions: r15 = 0, r12 = the layer block's HBM base, r11 = the layer loop counter;
-r0-r10 and r13 are stage scratch; d13-d15 are the barrier's.
+Register conventions: r15 = 0, r12 = the layer block's HBM base, r11 = the layer loop counter,
+r14 = the GPU's HBM base on a node; r0-r10 and r13 are stage scratch; d13-d15 are the
+barrier's.
 """
 
 from __future__ import annotations
