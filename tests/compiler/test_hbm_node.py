@@ -10,6 +10,9 @@ the kernel is the same for any width, and each GPU's HBM range is hbm_bytes long
 
 import dataclasses
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -175,10 +178,17 @@ LLAMA_70B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidd
 
 
 def test_llama_3_70b_is_refused_on_h100_and_compiles_for_h100x8(tmp_path):
+    """`wse-emu compile` as a user types it: one line, exit 2, on one GPU."""
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_70B))
-    with pytest.raises(CompileError) as e:
-        compile_model(tmp_path, load_machine("h100"), dtype="bf16", shape_only=True)
-    assert "\n" not in str(e.value) and "2 GPUs would hold it (--machine h100x2)" in str(e.value)
+    wse = str(Path(sys.executable).parent / "wse-emu")
+    r = subprocess.run([wse, "compile", str(tmp_path / "config.json"), "--machine", "h100",
+                        "--dtype", "bf16", "--shape-only", "-o", str(tmp_path / "m.bin")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("wse-emu: error: the model needs 143.")
+    assert line.endswith("2 GPUs would hold it (--machine h100x2)")
+    assert not (tmp_path / "m.bin").exists()
     m = load_machine("h100x8")
     program, report = compile_model(tmp_path, m, dtype="bf16", shape_only=True)
     assert report.fabric == (132, 8) and report.hbm_bytes <= m.hbm_bytes
