@@ -41,6 +41,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -56,6 +57,7 @@ from wse_emu.isa.program import ALL_LAYERS
 from wse_emu.isa.compiler.placement import WEIGHT_BYTES
 from wse_emu.isa.errors import BuildError
 from wse_emu.isa.spec import INSTR_BYTES
+from wse_emu.isa.tensors import as_2d, read_safetensor
 
 RC = "r11"  # the layer loop counter (RL, r12: the layer block base address)
 MAX_TILE = 64 * 1024  # weight tile bytes: large enough to amortise a DMA, two fit any SM
@@ -480,8 +482,6 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
             pb.hbm_init(self.weights.tensor(ref), addr, dtype, tile_rows=tr, order="F",
                         transpose=ref.transpose, rows=view)
             return
-        from pathlib import Path
-        from wse_emu.isa.tensors import as_2d, read_safetensor
         path = Path(ref.file)
         if not path.is_absolute() and self.base_dir is not None:
             path = Path(self.base_dir) / path

@@ -32,7 +32,11 @@ import math
 from dataclasses import dataclass, field
 
 from wse_emu.isa.collectives import Costs, allreduce, cost, default_root
+from wse_emu.isa.compiler.emit import ZF, ZR
+from wse_emu.isa.compiler.hbm_emit import Ha, li64, smem
 from wse_emu.isa.compiler.lower import CompileError, Matrix, Plan, Stage
+
+GB = "r14"  # this GPU's HBM base on a node
 
 
 @dataclass
@@ -249,12 +253,11 @@ class HbmTensorParallel:
 
     def tp_gpu_base(self) -> None:
         """r14 = this GPU's first HBM byte (GY * hbm_bytes)."""
-        from wse_emu.isa.compiler.hbm_emit import li64
         li64(self.rb, "r0", self.machine.hbm_bytes)
         self.rb.mul(GB, "GY", "r0")
 
     def _collective(self, n: int, buf: int) -> None:
-        from wse_emu.isa.compiler.hbm import _Recorder
+        from wse_emu.isa.compiler.hbm import _Recorder  # hbm.py imports this module
         if isinstance(self.rb, _Recorder):  # comparing two layers' code: the same n, buffer
             self.rb.calls.append(("allreduce", (n, buf), ()))
             return
@@ -264,7 +267,6 @@ class HbmTensorParallel:
     def emit_allreduce(self, s: Stage) -> None:
         """Sum the partial outputs of row-parallel stage s over the GPUs, in place in each
         GPU's flow buffers: SM x loads slice x, the column allreduces it, SM x stores it."""
-        from wse_emu.isa.compiler.hbm_emit import Ha, smem
         rb, n = self.rb, self.tp_slice(s.out_len)
         buf = self.tp_buf
         smem(rb, "d1", buf, n)
@@ -297,8 +299,6 @@ class HbmTensorParallel:
         """The LM head's logit slices into the logits on GPU 0: SM x puts chunk x of its GPU's
         slice at place GY of a G-chunk block of zeros, the columns sum the blocks, and GPU 0's
         SM x stores chunk x of every GPU's slice."""
-        from wse_emu.isa.compiler.emit import ZF, ZR
-        from wse_emu.isa.compiler.hbm_emit import Ha, smem
         rb, L, G = self.rb, self.labels, self.G
         V, vg, name = self.tp.vocab[s.id]
         n = self.tp_slice(vg)
@@ -330,7 +330,6 @@ class HbmTensorParallel:
             rb.bge("r2", "r3", f"{none}_full")
             rb.addi("r3", "r2", 0)
             rb.label(f"{none}_full")
-            from wse_emu.isa.compiler.hbm_emit import li64
             li64(rb, "r0", out + g * vg * 4)
             rb.add("r0", "r0", "r1")
             smem(rb, "d1", block + g * n * 4, n)
@@ -339,6 +338,3 @@ class HbmTensorParallel:
             rb.label(none)
         rb.dmawait(1)
         rb.label(skip)
-
-
-GB = "r14"  # this GPU's HBM base on a node
