@@ -209,20 +209,21 @@ def machines():
         m = load_machine(name)
         click.echo(f"{name:8s} {m.summary()}")
         click.echo(f"{'':8s} {m.description}")
+    # the systems part is indented: the first word of every unindented line is a preset
     click.echo("")
-    click.echo("systems: any preset works as NAMExN, N of its chips stacked along y and joined "
-               "by its [link] table")
-    click.echo("(e.g. --machine wse3x4, h100x8); the links of each:")
+    click.echo("  systems: any preset works as NAMExN, N of its chips stacked along y and "
+               "joined by its [link] table")
+    click.echo("  (e.g. --machine wse3x4, h100x8); the links of each:")
     for name in names:
         chip = load_machine(name)
         if chip.link_bandwidth <= 0:
-            click.echo(f"{name + 'xN':10s} no [link] table: not joinable")
+            click.echo(f"  {name + 'xN':10s} no [link] table: not joinable")
             continue
         n = 4 if chip.kind == "mesh" else 8
         # the links' figures: the part of a system's summary after the chip's
         links = system_of(chip, n).summary().rsplit("; ", 1)[-1]
         unit = "wafers" if chip.kind == "mesh" else "GPUs"
-        click.echo(f"{chip.name + 'x' + str(n):10s} {n} {unit}, {links}")
+        click.echo(f"  {chip.name + 'x' + str(n):10s} {n} {unit}, {links}")
 
 
 @main.command()

@@ -29,7 +29,8 @@ from wse_emu.emulator.core_state import (
     MP_CHIP_H, MP_HBM_CHIP)
 from wse_emu.emulator.core_undo import note_write, undo_fits
 from wse_emu.emulator.result import (F_ALIGN, F_COUNT, F_DEST_NOT_MEM, F_DMA_DESC, F_DMA_TAG,
-                             F_FABIN_DEST, F_FABOUT_SRC, F_HBM_CHIP, F_HBM_RANGE, F_OOB, F_SAME_COLOR,
+                             F_FABIN_DEST, F_FABOUT_SRC, F_HBM_CHIP, F_HBM_RANGE, F_OOB,
+                             F_SAME_COLOR,
                              F_SCALAR_MEM, F_TARGET, F_TIMING_DATA, ST_HALT)
 from wse_emu.isa.spec import DSD_FABIN, DSD_FABOUT, DSD_MEM, DTYPES, N_DMA_TAGS, SPECIAL_IREGS
 from wse_emu.kernels import scalar

@@ -13,14 +13,15 @@ import numpy as np
 from numba import njit
 
 from wse_emu.emulator.core_state import (
-    DL_BP, DL_CONSUMED, DL_HEAD, DL_LEN, DL_MSG, DL_NEXT, DL_TAIL, E_DEST, E_LINK, E_PARENT, E_PIPE,
+    DL_BP, DL_CONSUMED, DL_HEAD, DL_LEN, DL_MSG, DL_NEXT, DL_TAIL, E_DEST, E_LINK, E_PARENT,
+    E_PIPE0,
     K_DL_HEAD, K_DL_NFREE, K_DL_USED, K_HOPS, K_MESSAGES, K_MSG_HEAD, K_MSG_NFREE, K_MSG_USED,
     K_NEED, K_NEED_AMOUNT, K_POOL_TOP, K_QUEUED, K_WAVELETS, L_FREE, L_WAVELETS, MP_COLORS,
-    MP_HOP, MP_PIPE_BASE, MP_PIPE_LAT, MP_PIPE_TPW, MP_QDEPTH, MP_RAMP, MP_TIMING, M_BP_PENDING, M_BP_RELEASE, M_LEN, M_NEXT, M_OFF,
+    MP_HOP, MP_PIPE_BASE, MP_PIPE_LAT, MP_PIPE_TPW, MP_QDEPTH, MP_RAMP, MP_TIMING,
+    M_BP_PENDING, M_BP_RELEASE, M_LEN, M_NEXT, M_OFF,
     M_REFS, M_SENDER, NEED_POOL, NEED_RECORDS, P_BPSTALL, P_CLOCK, P_STATUS, P_WAIT, Q_FIRST,
     Q_LAST, Q_QUEUED, T_COUNT, T_NDEST, T_START, X_GROW)
-from wse_emu.emulator.load import PIPE_TICKS
-from wse_emu.emulator.result import ST_RUN, ST_WAIT_BP, ST_WAIT_RECV
+from wse_emu.emulator.result import PIPE_TICKS, ST_RUN, ST_WAIT_BP, ST_WAIT_RECV
 from wse_emu.kernels.access import f32_to_wavelets, wavelets_to_f32
 from wse_emu.kernels.prefetch import prefetch
 
@@ -287,10 +288,10 @@ def send(p, color, dtype, vals, k, start, end, pe, mp, tree_of, tree, tree_tmp, 
         link[lk, L_FREE] = s_t + 1
         link[lk, L_WAVELETS] += k
         counters[K_HOPS] += k
-        if tree[e, E_PIPE] >= 0:  # a system link: the chips' shared pipe as well
-            s_h, s_t = cross_pipe(link, mp[MP_PIPE_BASE] + tree[e, E_PIPE], s_h, s_t, k, mp)
         dest = tree[e, E_DEST]
         if dest < 0:
+            if dest <= E_PIPE0:  # a system link: the chips' shared pipe as well
+                s_h, s_t = cross_pipe(link, mp[MP_PIPE_BASE] + E_PIPE0 - dest, s_h, s_t, k, mp)
             tree_tmp[e - first, 0] = s_h + hop
             tree_tmp[e - first, 1] = s_t + hop
             continue

@@ -106,10 +106,12 @@ Q_FIRST, Q_LAST, Q_QUEUED = range(3)
 
 # Route trees: per (PE, color) slot its first entry (-1 = none), entries and RAMP deliveries;
 # per entry the link it reserves, the entry it leaves from (-1 = the source router) and the
-# PE a RAMP entry delivers to (-1 = a router-to-router link), and the system pipe the link
-# crosses into (-1 = an ordinary link; load.link_pipes), checked once per link reserved.
+# PE a RAMP entry delivers to, or -1 for a router-to-router link, or E_PIPE0 - pipe for a
+# system link into that pipe (load.link_pipes): a send tells the three apart in the branch it
+# takes anyway, so one chip's sends cost what they did before systems (no extra column).
 T_START, T_COUNT, T_NDEST = range(3)
-E_LINK, E_PARENT, E_DEST, E_PIPE = range(4)
+E_LINK, E_PARENT, E_DEST = range(3)
+E_PIPE0 = -2
 
 # A delivery of a message to one input queue. DL_NEXT chains a queue, or the free records.
 # Records are taken from the free list, else from the never-used ones above K_DL_USED.
@@ -325,11 +327,13 @@ class Static:
         slots = np.flatnonzero(loaded.tree_start >= 0)  # the senders' slots only
         first = loaded.tree_start[slots].astype(np.int64)
         self.tree_of[slots, T_NDEST] = is_dest[first + loaded.tree_count[slots]] - is_dest[first]
-        self.tree = np.zeros((len(dest), 4), dtype=np.int64)
+        self.tree = np.zeros((len(dest), 3), dtype=np.int64)
         self.tree[:, E_LINK] = loaded.tree_link
         self.tree[:, E_PARENT] = loaded.tree_parent
         self.tree[:, E_DEST] = dest
-        self.tree[:, E_PIPE] = loaded.tree_pipe if len(loaded.tree_pipe) == len(dest) else -1
+        if len(loaded.tree_pipe) == len(dest):
+            pipe = np.asarray(loaded.tree_pipe, dtype=np.int64)
+            self.tree[pipe >= 0, E_DEST] = E_PIPE0 - pipe[pipe >= 0]
         self.tree_width = max(1, int(loaded.tree_count.max(initial=0)))
         # the input queues a run can write: the (PE, color) slots route trees deliver to (a
         # 64 x 64 gemv has 8 k of its 98 k); the others stay zero, so a reset skips them,

@@ -22,9 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
+from wse_emu.emulator.result import PIPE_TICKS
 from wse_emu.isa.machine import Machine
 from wse_emu.isa.encoding import decode_fields
-from wse_emu.isa.program import DIR_N, DIR_NAMES, DIR_RAMP, DIR_S, HbmInit, HbmPiece, Program, Rect, TileMap
+from wse_emu.isa.program import (DIR_N, DIR_NAMES, DIR_RAMP, DIR_S, HbmInit, HbmPiece, Program,
+                                 Rect, TileMap)
 from wse_emu.isa.spec import BY_MNEMONIC, DTYPE_BYTES, DTYPE_NAMES, INSTR_BYTES, N_IREG_SLOTS, SPECIAL_IREGS
 from wse_emu.isa.tensors import TensorError, as_2d, tensor_array
 
@@ -243,9 +245,10 @@ def fit_problems(program: Program, m: Machine) -> list[str]:
     if need["sram_bytes"] > m.sram_bytes:
         out.append(f"a PE needs {need['sram_bytes']:,} bytes of SRAM, the machine's have "
                    f"{m.sram_bytes:,}")
-    if need["hbm_bytes"] > getattr(m, "hbm_bytes", 0):
+    have = getattr(m, "hbm_bytes", 0) * getattr(m, "chips", 1)  # every GPU its own
+    if need["hbm_bytes"] > have:
         out.append(f"needs {need['hbm_bytes']:,} bytes of HBM, the machine has "
-                   f"{getattr(m, 'hbm_bytes', 0) or 'none'}")
+                   f"{f'{have:,}' if have else 'none'}")
     return out
 
 
@@ -478,10 +481,6 @@ def _build_trees(program, m, box, pe_of_cell, pe_x, pe_y) -> dict:
 
 # ---------------------------------------------------------------------------------------------
 # systems: the links between chips (docs/timing-model.md, "Systems: links between chips")
-
-# A pipe's free time is kept in ticks of 1/PIPE_TICKS cycle: a wafer's pipe carries 34
-# wavelets a cycle, so whole cycles would charge a one-wavelet message 34 times its time.
-PIPE_TICKS = 1 << 16
 
 
 def link_pipes(m: Machine, grid_w: int, links: np.ndarray) -> np.ndarray:

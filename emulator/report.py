@@ -8,7 +8,8 @@ import json
 
 import numpy as np
 
-from wse_emu.emulator.load import N_PORTS, PIPE_TICKS, Loaded, pipe_name, pipe_ticks_per_wavelet
+from wse_emu.emulator.load import (N_PORTS, PIPE_TICKS, Loaded, pipe_name,
+                                  pipe_ticks_per_wavelet)
 from wse_emu.emulator.result import (FAULT_REASONS, RUN_DEADLOCK, RUN_FAULT, RUN_HALTED, RUN_MAX_CYCLES,
                              ST_HALT, ST_WAIT_BP, ST_WAIT_RECV, STATUS_NAMES, RunResult)
 from wse_emu.isa.encoding import format_instr

@@ -15,6 +15,11 @@ ST_FAULT = 4  # an instruction could not execute
 STATUS_NAMES = {ST_RUN: "running", ST_HALT: "halted", ST_WAIT_RECV: "waiting for wavelets",
                 ST_WAIT_BP: "blocked by backpressure", ST_FAULT: "fault"}
 
+# A system's pipes between chips keep their free time in ticks of 1/PIPE_TICKS cycle: a
+# wafer's pipe carries 34 wavelets a cycle, so whole cycles would charge a one-wavelet message
+# 34 times its time. (Here, among the constants the core's cached code holds: jit_cache.)
+PIPE_TICKS = 1 << 16
+
 # Run outcomes.
 RUN_HALTED, RUN_DEADLOCK, RUN_MAX_CYCLES, RUN_FAULT = 0, 1, 2, 3
 OUTCOME_NAMES = {RUN_HALTED: "halted", RUN_DEADLOCK: "deadlock", RUN_MAX_CYCLES: "max-cycles",

@@ -103,3 +103,22 @@ def test_a_chip_without_links_cannot_be_joined(tmp_path):
     assert load_machine(str(path)).chips == 1
     with pytest.raises(MachineError, match="no \\[link\\] table"):
         load_machine(f"{path}x2")
+
+
+def test_machines_lists_the_systems():
+    """`wse-emu machines` ends with the systems: NAMExN for any preset, each preset's links."""
+    from click.testing import CliRunner
+
+    from wse_emu.emulator.cli import main
+
+    out = CliRunner().invoke(main, ["machines"])
+    assert out.exit_code == 0
+    lines = out.output.splitlines()
+    assert any("NAMExN" in line for line in lines)
+    [wse] = [line for line in lines if line.strip().startswith("wse3x4 ")]
+    assert "4 wafers, links 150 GB/s each way, 2 us through a switch" in wse
+    [gpu] = [line for line in lines if line.strip().startswith("h100x8 ")]
+    assert "8 GPUs, links 450 GB/s each way, 1 us" in gpu
+    # the presets' own lines are as before: unindented, first word a preset name
+    names = [line.split()[0] for line in lines if line and not line[0].isspace()]
+    assert sorted(names) == sorted(p.stem for p in PRESET_DIR.glob("*.toml"))

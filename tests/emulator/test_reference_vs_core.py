@@ -43,10 +43,11 @@ VEC_SCALAR = ["vadds", "vmuls", "vfma"]
 class Gen:
     """Builds one random program into a RegionBuilder, from a seeded random.Random."""
 
-    def __init__(self, r: random.Random, rb, bufs, dtypes, scratch):
+    def __init__(self, r: random.Random, rb, bufs, dtypes, scratch, hbm_per_row=0):
         self.r, self.rb = r, rb
         self.bufs, self.dtypes = bufs, dtypes
         self.scratch = scratch
+        self.hbm_per_row = hbm_per_row  # > 0: each row's PEs use their own HBM bytes only
 
     def ireg(self) -> str:
         return f"r{self.r.randint(1, 8)}"
@@ -109,6 +110,9 @@ class Gen:
                 rb.dmawait(tag)
             else:
                 rb.li("r14", 4 * r.randrange((HBM_BYTES - 4 * L) // 4))
+                if self.hbm_per_row:
+                    rb.emit("muli", "r15", "GY", self.hbm_per_row)
+                    rb.emit("add", "r14", "r14", "r15")
                 rb.emit(op, self.dreg(), "r14", tag)
         elif kind == "strided":
             d, e = self.dreg(), self.dreg()
@@ -124,14 +128,26 @@ KINDS = ["int", "intimm", "li", "mov", "fli", "float", "funary", "conv", "scalar
          "vun", "vscalar", "vfill", "reduce", "matrix", "strided", "dma"]
 
 
-def build_program(seed: int, kinds=KINDS, n_ops: int = 30):
+def build_program(seed: int, kinds=KINDS, n_ops: int = 30, vertical: bool = False,
+                  hbm_per_row: int = 0):
+    """A random program on 2-3 x 1-2 PEs that exchange with their east neighbour; vertical:
+    on 1-2 x 2-3 PEs exchanging with their south neighbour (across the chips of a system whose
+    chips are one row high); hbm_per_row: each row's DMAs stay in its own HBM_BYTES of
+    hbm_per_row bytes a row (a system's per-GPU HBM)."""
     r = random.Random(seed)
     w, h = r.randint(2, 3), r.randint(1, 2)
+    if vertical:
+        w, h = h, w
     pb = ProgramBuilder(f"random-{seed}")
-    pb.hbm_alloc("hbm", HBM_BYTES)
-    for x in range(w - 1):
-        pb.route(x, 0, 1, h, x % 2, rx="RAMP", tx="E")
-        pb.route(x + 1, 0, 1, h, x % 2, rx="W", tx="RAMP")
+    pb.hbm_alloc("hbm", hbm_per_row * h if hbm_per_row else HBM_BYTES)
+    if vertical:
+        for y in range(h - 1):
+            pb.route(0, y, w, 1, y % 2, rx="RAMP", tx="S")
+            pb.route(0, y + 1, w, 1, y % 2, rx="N", tx="RAMP")
+    else:
+        for x in range(w - 1):
+            pb.route(x, 0, 1, h, x % 2, rx="RAMP", tx="E")
+            pb.route(x + 1, 0, 1, h, x % 2, rx="W", tx="RAMP")
     rb = pb.region("all", 0, 0, w, h)
     dtypes = [r.choice(["f32", "f16", "bf16"]) for _ in range(4)]
     bufs = [rb.alloc(f"b{i}", L * 4) for i in range(4)]
@@ -159,7 +175,7 @@ def build_program(seed: int, kinds=KINDS, n_ops: int = 30):
     rb.d2d(14, 2, MV_COLS)
     rb.itof("f0", "X")  # make PEs differ
     rb.vadds(0, 0, "f0")
-    gen = Gen(r, rb, bufs, dtypes, scratch)
+    gen = Gen(r, rb, bufs, dtypes, scratch, hbm_per_row)
     # a counted loop around part of the body
     rb.li("r10", r.randint(1, 3))
     rb.li("r11", 0)
@@ -168,10 +184,12 @@ def build_program(seed: int, kinds=KINDS, n_ops: int = 30):
         gen.one(r.choice(kinds))
     rb.addi("r11", "r11", 1)
     rb.blt("r11", "r10", "loop")
-    # neighbour exchange: send d0 east, receive from the west into d1 (alternating colors)
-    rb.andi("r12", "X", 1)
-    rb.li("r13", w - 1)
-    rb.beq("X", "r13", "no_send")
+    # neighbour exchange: send d0 east (south), receive from the west (north) into d1
+    # (alternating colors)
+    pos = "Y" if vertical else "X"
+    rb.andi("r12", pos, 1)
+    rb.li("r13", (h if vertical else w) - 1)
+    rb.beq(pos, "r13", "no_send")
     rb.bne("r12", "r0", "send_odd")
     rb.dfout(8, dtypes[0], 0, L)
     rb.jmp("send")
@@ -180,7 +198,7 @@ def build_program(seed: int, kinds=KINDS, n_ops: int = 30):
     rb.label("send")
     rb.vmov(8, 0)
     rb.label("no_send")
-    rb.beq("X", "r0", "no_recv")
+    rb.beq(pos, "r0", "no_recv")
     rb.bne("r12", "r0", "recv_odd")
     rb.dfin(9, dtypes[0], 1, L)
     rb.jmp("recv")
@@ -201,9 +219,9 @@ def build_program(seed: int, kinds=KINDS, n_ops: int = 30):
     return pb.build()
 
 
-def both(program):
-    a = execute(program, TINY_HBM, engine="core")
-    b = execute(program, TINY_HBM, engine="reference")
+def both(program, machine=TINY_HBM):
+    a = execute(program, machine, engine="core")
+    b = execute(program, machine, engine="reference")
     assert a.loaded.hbm.tobytes() == b.loaded.hbm.tobytes()
     assert (a.result.hbm_read_bytes, a.result.hbm_write_bytes) == \
         (b.result.hbm_read_bytes, b.result.hbm_write_bytes)
