@@ -17,10 +17,13 @@ mapped differently:
   waits for the store, the barrier passes, and the consumer loads it. A real GPU would hit L2
   for these; this model has none, so each core's read of a gemv input is HBM traffic (a few %
   of the weight bytes; counted in hbm_read_bytes, never hidden).
-- Embed and vector stages (gathers, residual adds, norms) run on core 0. Attention runs one KV
-  head a core (heads g = X, X + C, ...), with its query heads; the K and V caches are in HBM,
-  a position a row: the new k and v are appended with `dmast`, then the cached positions are
-  read back in chunks of CH rows (scores with `mm`, softmax, weighted sum with `mva`).
+- Embed and vector stages (gathers, residual adds, norms) run on core 0. Attention runs a KV
+  head's query heads a work item, each item's positions split over several cores (isa/
+  compiler/hbm_attn.py); the K and V caches are in HBM, a position a row: the new k and v are
+  appended with `dmast`, then the cached positions are read back in chunks of CH rows (scores
+  with `mm`, softmax, weighted sum with `mva`), and the parts combined.
+- On a GPU node (a system of G GPUs, NAMExN) every GPU runs this kernel on its share of the
+  model, two allreduces a layer over the node's links (isa/compiler/hbm_tp.py).
 - Transformer layers whose code is identical run as a loop over per-layer HBM blocks (a
   register holds the block's base; a GPU kernel's weight pointers), so code stays small at 32
   layers. The code is compared, not assumed: a layer whose code differs is emitted on its own.
@@ -28,8 +31,9 @@ mapped differently:
   known); outputs (logits) are HBM pieces the host reads after the run.
 
 Decode only: one position a run (T = 1), causal attention; encoders are refused in one line.
-Register conventions: r15 = 0, r12 = the layer block's HBM base, r11 = the layer loop counter;
-r0-r10 and r13 are stage scratch; d13-d15 are the barrier's.
+Register conventions: r15 = 0, r12 = the layer block's HBM base, r11 = the layer loop counter,
+r14 = the GPU's HBM base on a node; r0-r10 and r13 are stage scratch; d13-d15 are the
+barrier's.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -45,12 +50,14 @@ from wse_emu.isa.compiler.codegen_attn import _rope_tables
 from wse_emu.isa.compiler.emit import I32, ZR, Labels, norm_code
 from wse_emu.isa.compiler.hbm_attn import HbmAttention
 from wse_emu.isa.compiler.hbm_emit import IO_BYTES, RL, Ha, li64, smem
+from wse_emu.isa.compiler.hbm_tp import GB, HbmTensorParallel, gpus_needed, hbm_need, shard
 from wse_emu.isa.compiler.lower import CompileError, Plan, Stage
 from wse_emu.isa.compiler.pack import CompileReport, Weights, declare_symbols, with_model
 from wse_emu.isa.program import ALL_LAYERS
 from wse_emu.isa.compiler.placement import WEIGHT_BYTES
 from wse_emu.isa.errors import BuildError
 from wse_emu.isa.spec import INSTR_BYTES
+from wse_emu.isa.tensors import as_2d, read_safetensor
 
 RC = "r11"  # the layer loop counter (RL, r12: the layer block base address)
 MAX_TILE = 64 * 1024  # weight tile bytes: large enough to amortise a DMA, two fit any SM
@@ -108,6 +115,8 @@ class _Layout:
     kv: dict = field(default_factory=dict)  # stage id -> (K Ha, V Ha, chunk rows)
     rope: dict = field(default_factory=dict)  # stage id -> (cos, sin) absolute addresses
     blocks: list = field(default_factory=list)  # per layer: HBM address of its block
+    local_out: dict = field(default_factory=dict)  # node: LM head stage id -> its logit slice
+    scratch: int = 0  # attention parts' (m, l, o) (isa/compiler/hbm_attn.py)
     weight_bytes: int = 0
     kv_bytes: int = 0
 
@@ -155,7 +164,7 @@ def _tile_rows(s: Stage, cores: int, wbytes: int, budget: int) -> int:
     return max(busy) if busy else min(fits)
 
 
-class HbmCompiler(HbmAttention):
+class HbmCompiler(HbmAttention, HbmTensorParallel):
     """Emits the kernel of a lowered plan for an HBM machine (module docstring)."""
 
     def __init__(self, plan: Plan, machine, dtype: str, shape_only: bool, base_dir, name: str,
@@ -169,13 +178,27 @@ class HbmCompiler(HbmAttention):
             if s.kind == "attn" and not s.attrs.get("causal", True):
                 raise CompileError(f"stage '{s.name}': the HBM target supports causal "
                                    f"attention only")
-        self.plan, self.machine, self.dtype = plan, machine, dtype
+        self.machine, self.dtype = machine, dtype
         self.shape_only, self.base_dir, self.name = shape_only, base_dir, name
-        self.C = machine.width * machine.height
-        if machine.height != 1:
-            raise CompileError(f"machine '{machine.name}': the HBM target expects its cores as "
-                               f"one row (height 1), got {machine.width} x {machine.height}")
+        if machine.chip_height != 1:
+            raise CompileError(f"machine '{machine.name}': the HBM target expects a GPU's cores "
+                               f"as one row (height 1), got {machine.width} x "
+                               f"{machine.chip_height}")
+        self.C, self.G = machine.width, machine.chips  # SMs a GPU, GPUs (rows) of the node
         self.wb = WEIGHT_BYTES[dtype]
+        # a node splits every matrix over its GPUs (isa/compiler/hbm_tp.py)
+        full = plan
+        self.tp = shard(plan, self.G) if self.G > 1 else None
+        self.plan = plan = self.tp.plan if self.tp else plan
+        need = hbm_need(plan, self.wb)
+        if need > machine.hbm_bytes:
+            n = gpus_needed(full, self.wb, machine.hbm_bytes)
+            base = machine.base
+            hold = (f"{n} GPUs would hold it (--machine {base}x{n})" if n
+                    else f"no node of up to 64 {base} GPUs holds it")
+            raise CompileError(f"the model needs {need / 1e9:.2f} GB of HBM a GPU (weights, KV "
+                               f"caches, tables) but machine '{machine.name}' has "
+                               f"{machine.hbm_bytes / 1e9:.2f} GB a GPU: {hold}")
         self.bodies = _bodies(plan)
         self.body_of = {sid: (lay, i) for lay, ids in enumerate(self.bodies)
                         for i, sid in enumerate(ids)}
@@ -183,7 +206,8 @@ class HbmCompiler(HbmAttention):
         if self.C > 1 and self.rounds + 1 > machine.colors:
             raise CompileError(f"machine '{machine.name}': the grid barrier needs "
                                f"{self.rounds + 1} colors, the machine has {machine.colors}")
-
+        if self.tp:
+            self.tp_check_colors()
     # -- entry ----------------------------------------------------------------------------------
 
     def compile(self):
@@ -208,17 +232,33 @@ class HbmCompiler(HbmAttention):
         self.weights = Weights(pb, self.base_dir)
         self.io = reserve
         self.arena0 = reserve + IO_BYTES
+        if self.tp:  # the allreduce's block: low in SRAM (collectives take 16-bit addresses)
+            self.tp_buf = -(-self.arena0 // 64) * 64
+            self.arena0 = self.tp_buf + self.tp_block_bytes()
         self.need = {}
+        self._slices = 0  # inline tensors of matrix slices (a node)
+        self.attn_plans = {}  # stage id -> (query heads an item, cores an item)
         self.layout = self._layout(pb)
+        parts = max((self.attn_scratch_bytes(s) for s in self.plan.stages if s.kind == "attn"),
+                    default=0)
+        if parts:
+            self.layout.scratch = pb.hbm_alloc("attn_parts", parts)
+        self.gpu_bytes = pb._hbm_cursor  # one GPU's HBM; the others' are copies of its layout
+        for c in range(1, self.G):
+            pb.hbm_alloc(f"gpu{c}", self.gpu_bytes, at=c * m.hbm_bytes)
         self._hbm_inits(pb)
         self._routes(pb)
-        rb = pb.region("gpu", 0, 0, self.C, 1)
+        if self.tp:
+            self.tp_routes(pb)
+        rb = pb.region("gpu", 0, 0, self.C, self.G)
         rb.alloc("io", IO_BYTES, at=self.io)
         for name in ("input_ids", "position_ids"):
             rb.piece(name, self.io + (0 if name == "input_ids" else 4), I32, (1, 1))
         pb.tensor("default_position_ids", np.zeros(1, dtype=np.int32))
         rb.load("default_position_ids", self.io + 4, I32, (1, 1))
         self.rb = rb
+        if self.tp:
+            self.tp_gpu_base()
         self._emit()
         rb.halt()
         top = max(self.need.values(), default=self.arena0)
@@ -228,21 +268,22 @@ class HbmCompiler(HbmAttention):
         if code_bytes > reserve:
             return None, None, code_bytes
         cfg = self.plan.graph.config
-        stages = [dict(name=s.name, kind=s.kind, layer=s.layer, rect=[0, 0, self.C, 1],
+        stages = [dict(name=s.name, kind=s.kind, layer=s.layer, rect=[0, 0, self.C, self.G],
                        sram=self.need.get(s.id, self.arena0))
                   for s in self.plan.stages]
         pb.meta("compiler", {"family": cfg.family, "machine": m.name, "dtype": self.dtype,
                              "max_context": cfg.max_context, "vocab": cfg.vocab,
                              "hidden": cfg.hidden, "layers": cfg.layers, "target": "hbm",
                              "weight_hbm_bytes": self.layout.weight_bytes,
-                             "kv_hbm_bytes": self.layout.kv_bytes, "stages": stages})
+                             "kv_hbm_bytes": self.layout.kv_bytes, "gpus": self.G,
+                             "stages": stages})
         try:
             program = pb.build()
         except BuildError as e:
             raise CompileError(f"internal: the generated program is invalid: {e}") from None
-        if program.hbm_bytes > m.hbm_bytes:
+        if self.gpu_bytes > m.hbm_bytes:
             raise CompileError(
-                f"the model needs {program.hbm_bytes / 1e9:.2f} GB of HBM (weight matrices "
+                f"the model needs {self.gpu_bytes / 1e9:.2f} GB of HBM (weight matrices "
                 f"{self.layout.weight_bytes / 1e9:.2f} GB, KV caches "
                 f"{self.layout.kv_bytes / 1e9:.2f} GB, embedding tables, norms and activations "
                 f"the rest) but "
@@ -252,9 +293,10 @@ class HbmCompiler(HbmAttention):
         sram = program.region_sram_bytes(program.regions[0])
         report = CompileReport(
             model=self.name, machine=m.name, dtype=self.dtype, max_context=cfg.max_context,
-            fabric=(self.C, 1), pes=self.C, sram_max=sram, sram_mean=float(sram),
+            fabric=(self.C, self.G), pes=self.C * self.G, sram_max=sram, sram_mean=float(sram),
             colors=program.colors_used(), stages=stages, target="hbm",
-            hbm_bytes=program.hbm_bytes, weight_hbm_bytes=self.layout.weight_bytes)
+            hbm_bytes=self.gpu_bytes if self.tp else program.hbm_bytes,
+            weight_hbm_bytes=self.layout.weight_bytes)  # a node: one GPU's
         return program, report, code_bytes
 
     # -- HBM layout -----------------------------------------------------------------------------
@@ -304,9 +346,12 @@ class HbmCompiler(HbmAttention):
             if f.dst in self.body_of and f.dst - f.src < period:
                 key = ("role", self.body_of[f.dst][1], plan.stages[f.dst].in_flows.index(f.id),
                        f.length)
-            if key not in keyed:
-                keyed[key] = pb.hbm_alloc(f"flow{f.id}.{f.what}", f.length * 4)
+            if key not in keyed:  # on a node, padded to whole slices of the allreduce
+                length = self.tp_slice(f.length) * self.C if self.tp else f.length
+                keyed[key] = pb.hbm_alloc(f"flow{f.id}.{f.what}", length * 4)
             lay.flows[f.id] = keyed[key]
+        for sid, (_, vg, name) in (self.tp.vocab.items() if self.tp else ()):
+            lay.local_out[sid] = pb.hbm_alloc(f"slice.{name}", self.tp_slice(vg) * self.C * 4)
         for name, shape in plan.symbols.items():
             if name not in ("input_ids", "position_ids"):
                 lay.outputs[name] = pb.hbm_alloc(f"out.{name}", int(np.prod(shape)) * 4)
@@ -372,7 +417,8 @@ class HbmCompiler(HbmAttention):
         return ha.off + (self.layout.blocks[self.body_of[s.id][0]] if ha.layer else 0)
 
     def _hbm_inits(self, pb) -> None:
-        """Weights (functional programs only) and the RoPE tables into HBM."""
+        """Weights (functional programs only) and the RoPE tables into HBM: on a node, into
+        every GPU's range, each GPU's slices of the matrices (isa/compiler/hbm_tp.py)."""
         lay, wd = self.layout, self.dtype
         done_rope = set()
         for s in self.plan.stages:
@@ -383,39 +429,81 @@ class HbmCompiler(HbmAttention):
                 for addr, table, kind in zip(lay.rope[s.id], tables, ("cos", "sin")):
                     tname = f"rope_{kind}_{s.id}"
                     pb.tensor(tname, table)
-                    pb.hbm_init(tname, addr, "f32", order="C")
+                    for c in range(self.G):
+                        pb.hbm_init(tname, c * self.machine.hbm_bytes + addr, "f32", order="C")
                 done_rope.add(lay.rope[s.id])
             if self.shape_only:
                 continue
-            if s.kind == "gemv":
-                g = lay.gemv[s.id]
-                row0 = 0
-                for m in s.matrices:
-                    pb.hbm_init(self.weights.tensor(m.ref),
-                                self._abs(s, g.tiles) + row0 * s.in_len * self.wb, wd,
-                                tile_rows=g.tr, order="F", transpose=m.ref.transpose,
-                                rows=m.ref.rows)
+            for c in range(self.G):
+                self._stage_inits(pb, s, c, c * self.machine.hbm_bytes)
+
+    def _stage_inits(self, pb, s: Stage, c: int, base: int) -> None:
+        """Stage s's weights into GPU c's HBM (base: its first byte)."""
+        lay, wd = self.layout, self.dtype
+        if s.kind == "gemv":
+            g = lay.gemv[s.id]
+            split = self.tp.splits[s.id] if self.tp else None
+            row0 = 0
+            for i, m in enumerate(s.matrices):
+                addr = base + self._abs(s, g.tiles) + row0 * s.in_len * self.wb
+                if split is None:
+                    pb.hbm_init(self.weights.tensor(m.ref), addr, wd, tile_rows=g.tr,
+                                order="F", transpose=m.ref.transpose, rows=m.ref.rows)
                     if m.bias_ref is not None:
                         pb.hbm_init(self.weights.tensor(m.bias_ref),
-                                    self._abs(s, g.bias) + row0 * 4, "f32", order="F",
+                                    base + self._abs(s, g.bias) + row0 * 4, "f32", order="F",
                                     rows=m.bias_ref.rows)
-                    row0 += m.out
-            elif s.kind == "vector":
-                for w, ha in lay.params[s.id].items():
-                    ref = self.plan.graph.weights[w]
-                    pb.hbm_init(self.weights.tensor(ref), self._abs(s, ha), wd, order="F",
-                                transpose=ref.transpose, rows=ref.rows)
-            elif s.kind == "embed":
-                for (_, ref, _), ha in zip(s.tables, lay.tables[s.id]):
-                    pb.hbm_init(self.weights.tensor(ref), self._abs(s, ha), wd, order="C",
-                                transpose=ref.transpose, rows=ref.rows)
+                else:
+                    orig, per = split.parts[i]
+                    rows, cols, with_bias = per[c]
+                    self._slice_init(pb, orig.ref, rows, cols, m.out, addr, g.tr, wd)
+                    if orig.bias_ref is not None and with_bias:
+                        self._slice_init(pb, orig.bias_ref, rows, None, m.out,
+                                         base + self._abs(s, g.bias) + row0 * 4, 0, "f32")
+                row0 += m.out
+        elif s.kind == "vector":
+            for w, ha in lay.params[s.id].items():
+                ref = self.plan.graph.weights[w]
+                pb.hbm_init(self.weights.tensor(ref), base + self._abs(s, ha), wd, order="F",
+                            transpose=ref.transpose, rows=ref.rows)
+        elif s.kind == "embed":
+            for (_, ref, _), ha in zip(s.tables, lay.tables[s.id]):
+                pb.hbm_init(self.weights.tensor(ref), base + self._abs(s, ha), wd, order="C",
+                            transpose=ref.transpose, rows=ref.rows)
+
+    def _slice_init(self, pb, ref, rows, cols, out: int, addr: int, tr: int, dtype) -> None:
+        """Logical rows [rows) (and columns [cols), all when None) of the weight `ref`, padded
+        with zero rows to `out`, into HBM at addr as tr-row column-major tiles. A row range is
+        a view of the safetensors file; columns and padding are cut here into an inline
+        tensor of the program."""
+        r0 = ref.rows[0] if ref.rows else 0
+        view = (r0 + rows[0], r0 + rows[1])
+        if cols is None and rows[1] - rows[0] == out:
+            pb.hbm_init(self.weights.tensor(ref), addr, dtype, tile_rows=tr, order="F",
+                        transpose=ref.transpose, rows=view)
+            return
+        path = Path(ref.file)
+        if not path.is_absolute() and self.base_dir is not None:
+            path = Path(self.base_dir) / path
+        arr, tag = read_safetensor(path, ref.key)
+        w = as_2d(np.asarray(arr))
+        w = w.T if ref.transpose else w
+        w = w[view[0]:view[1]]
+        if cols is not None:
+            w = w[:, cols[0]:cols[1]]
+        if w.shape[0] < out:
+            w = np.concatenate([w, np.zeros((out - w.shape[0], w.shape[1]), w.dtype)])
+        name = f"tp.{self._slices}"
+        self._slices += 1
+        pb.tensor(name, np.ascontiguousarray(w), dtype="bf16" if tag == "bf16" else None)
+        pb.hbm_init(name, addr, dtype, tile_rows=tr, order="F")
 
     # -- the grid barrier -----------------------------------------------------------------------
 
     def _routes(self, pb) -> None:
         """Colors 0 .. rounds-1: the gather tree (round r: core a + 2^r sends west to core a,
         a a multiple of 2^(r+1)); color `rounds`: core 0's multicast east to every core."""
-        C = self.C
+        C, H = self.C, self.G  # every GPU (row) its own barrier
         if C == 1:
             return
         for r in range(self.rounds):
@@ -424,15 +512,15 @@ class HbmCompiler(HbmAttention):
                 b = a + step
                 if b >= C:
                     continue
-                pb.route(b, 0, 1, 1, r, "RAMP", "W")
+                pb.route(b, 0, 1, H, r, "RAMP", "W")
                 if b - a > 1:
-                    pb.route(a + 1, 0, b - a - 1, 1, r, "E", "W")
-                pb.route(a, 0, 1, 1, r, "E", "RAMP")
+                    pb.route(a + 1, 0, b - a - 1, H, r, "E", "W")
+                pb.route(a, 0, 1, H, r, "E", "RAMP")
         bc = self.rounds
-        pb.route(0, 0, 1, 1, bc, "RAMP", "E")
+        pb.route(0, 0, 1, H, bc, "RAMP", "E")
         if C > 2:
-            pb.route(1, 0, C - 2, 1, bc, "W", "E|RAMP")
-        pb.route(C - 1, 0, 1, 1, bc, "W", "RAMP")
+            pb.route(1, 0, C - 2, H, bc, "W", "E|RAMP")
+        pb.route(C - 1, 0, 1, H, bc, "W", "RAMP")
 
     def _token(self, rb, color: int, send: bool) -> None:
         smem(rb, "d13", self.io + 8, 1)
@@ -525,7 +613,7 @@ class HbmCompiler(HbmAttention):
     def layer_run(self, a: int, b: int) -> None:
         """Layers a .. b-1 (identical code): a loop over their HBM blocks, or straight code."""
         rb, blocks = self.rb, self.layout.blocks
-        li64(rb, RL, blocks[a])
+        self.hbm_abs(RL, blocks[a])
         top = self.labels(f"layers_{a}_{b}")
         if b - a > 1:
             rb.li(RC, b - a)
@@ -547,6 +635,10 @@ class HbmCompiler(HbmAttention):
     def stage(self, s: Stage, nxt: Stage | None) -> None:
         self.arena = _Arena(self.arena0, self.machine.sram_bytes, s.name, self.machine)
         getattr(self, f"emit_{s.kind}")(s)
+        split = self.tp.splits.get(s.id) if self.tp else None
+        if split is not None and split.kind in ("row", "vocab"):
+            self.barrier("full")  # every SM's partial output is in HBM
+            (self.emit_allreduce if split.kind == "row" else self.emit_gather)(s)
         self.need[s.id] = max(self.need.get(s.id, 0), self.arena.top)
         self.barrier(self._barrier_kind(s, nxt))
 
@@ -554,9 +646,15 @@ class HbmCompiler(HbmAttention):
         """reg = the HBM address ha (relative to the layer block inside a layer's code)."""
         if ha.layer:
             li64(self.rb, reg, ha.off)
-            self.rb.add(reg, reg, RL)
+            self.rb.add(reg, reg, RL)  # RL includes the GPU's base on a node
         else:
-            li64(self.rb, reg, self._abs(s, ha))
+            self.hbm_abs(reg, self._abs(s, ha))
+
+    def hbm_abs(self, reg: str, addr: int) -> None:
+        """reg = the address addr of this GPU's HBM (addr + its base on a node)."""
+        li64(self.rb, reg, addr)
+        if self.tp:
+            self.rb.add(reg, reg, GB)
 
     # -- stages -----------------------------------------------------------------------------------
 
@@ -573,6 +671,8 @@ class HbmCompiler(HbmAttention):
         ba, bb = (A.take(tr * 4), A.take(tr * 4)) if g.bias else (None, None)
         dests = [Ha(self.layout.flows[f]) for f in s.out_flows]
         dests += [Ha(self.layout.outputs[name]) for name, _ in s.outputs]
+        if s.id in self.layout.local_out:
+            dests.append(Ha(self.layout.local_out[s.id]))
         step, ystep = C * g.tile_bytes, C * tr * 4
         (fin,) = s.in_flows
         self.hbm("r0", s, Ha(self.layout.flows[fin]))
@@ -677,7 +777,7 @@ class HbmCompiler(HbmAttention):
 
         def load(i):
             c, n = chunks[i]
-            li64(rb, "r0", flow + c * 4)
+            self.hbm_abs("r0", flow + c * 4)
             smem(rb, "d8", ups[i % 2], n)
             rb.dmald("d8", "r0", 5 + i % 2)
         load(0)
