@@ -27,7 +27,7 @@ from wse_emu.emulator.core_state import (
     S_SLT, S_SUB, S_SW, S_TENSOR, S_XOR, V_CONVERT, V_F16, V_F32, V_MIXED, V_SPECIAL, X_FAULT,
     S_DMALD, S_DMAST, H_BUSY, H_FREE, HBM_TICKS, K_HBM_READ, K_HBM_WRITE, MP_HBM_BYTES,
     MP_HBM_CH, MP_HBM_IL, MP_HBM_LAT, MP_ISSUE, MP_UNDO, P_DMASTALL, P_TAG0, X_GROW, X_OK,
-    MP_CHIP_H, MP_HBM_CHIP)
+    MP_CHIP_H, MP_HBM_CHIP, MP_HBM_HOST)
 from wse_emu.emulator.core_undo import note_write, undo_fits
 from wse_emu.emulator.result import (F_ALIGN, F_COUNT, F_DEST_NOT_MEM, F_DMA_DESC, F_DMA_TAG,
                              F_FABIN_DEST, F_FABOUT_SRC, F_HBM_CHIP, F_HBM_RANGE, F_OOB,
@@ -533,6 +533,11 @@ def exec_dma(p, sem, a, b, tag, cls, pe, ireg, dsd, sram_u16, unknown, undo, und
         own = chip * mp[MP_HBM_CHIP]
         if addr < own or addr + nbytes > own + mp[MP_HBM_CHIP]:
             return _fault(pe, p, F_HBM_CHIP)
+    host = addr  # where the bytes are in `hbm` (a system's chips are kept compacted)
+    if mp[MP_HBM_HOST] > 0:
+        if addr - own + nbytes > mp[MP_HBM_HOST]:
+            return _fault(pe, p, F_HBM_RANGE)
+        host = chip * mp[MP_HBM_HOST] + addr - own
     lo = dsd[p, a, D_ADDR]
     timing = mp[MP_TIMING] != 0
     if sem == S_DMALD and not timing and mp[MP_UNDO] and \
@@ -547,16 +552,16 @@ def exec_dma(p, sem, a, b, tag, cls, pe, ireg, dsd, sram_u16, unknown, undo, und
             note_write(p, lo, lo + nbytes, pe, sram_u16, undo, undo_data, counters, mp)
             w = (pe[p, P_SRAM0] + lo) // 2
             for i in range(nbytes // 2):
-                sram_u16[w + i] = np.uint16(hbm[addr + 2 * i]) | \
-                    (np.uint16(hbm[addr + 2 * i + 1]) << np.uint16(8))
+                sram_u16[w + i] = np.uint16(hbm[host + 2 * i]) | \
+                    (np.uint16(hbm[host + 2 * i + 1]) << np.uint16(8))
         counters[K_HBM_READ] += nbytes
     else:
         if not timing:
             w = (pe[p, P_SRAM0] + lo) // 2
             for i in range(nbytes // 2):
                 v = sram_u16[w + i]
-                hbm[addr + 2 * i] = np.uint8(v & 0xFF)
-                hbm[addr + 2 * i + 1] = np.uint8(v >> 8)
+                hbm[host + 2 * i] = np.uint8(v & 0xFF)
+                hbm[host + 2 * i + 1] = np.uint8(v >> 8)
         counters[K_HBM_WRITE] += nbytes
     start = pe[p, P_CLOCK]
     t0 = start + mp[MP_ISSUE]

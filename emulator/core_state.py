@@ -106,8 +106,8 @@ MAX_KEY_BITS = 62
 (MP_ISSUE, MP_HOP, MP_RAMP, MP_QDEPTH, MP_COLORS, MP_MAX_CYCLES, MP_STRICT, MP_TRACE_CAP,
  MP_UNDO, MP_PE_BITS, MP_TIMING, MP_HBM_BYTES, MP_HBM_LAT, MP_HBM_CH, MP_HBM_IL,
  MP_ASYNC, MP_BY_COLUMN, MP_PIPE_BASE, MP_PIPE_TPW, MP_PIPE_LAT, MP_HBM_CHIP,
- MP_CHIP_H) = range(22)
-N_MP = 22
+ MP_CHIP_H, MP_HBM_HOST) = range(23)
+N_MP = 23
 
 # HBM channels (State.hbm_ch rows): first free time and time spent transferring, in ticks of
 # 1/HBM_TICKS cycle (exact sums of many short transfers; emulator/reference.py does the same).
@@ -412,6 +412,7 @@ class State:
         per_chip = m.chips > 1 and m.hbm_bytes > 0
         self.mp[MP_HBM_CHIP] = m.hbm_bytes if per_chip else 0
         self.mp[MP_CHIP_H] = m.chip_height
+        self.mp[MP_HBM_HOST] = loaded.hbm_stride  # host bytes a chip (load.Loaded.hbm_offset)
         # HBM contents (a stand-in when the program has none or in timing-only mode), the
         # channels (every GPU's own, one after another), and one channel's bytes a cycle
         self.hbm = loaded.hbm if loaded.hbm.size else np.zeros(1, dtype=np.uint8)

@@ -87,8 +87,22 @@ class Loaded:
     # because it outlives a run as the SRAM does (a decode step's KV cache). Empty otherwise.
     unknown: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint8))
     # HBM contents, program.hbm_bytes bytes filled from the program's HBM inits (functional);
-    # empty in timing-only mode, where DMA moves no data.
+    # empty in timing-only mode, where DMA moves no data. On a system of chips with HBM each
+    # chip's part is kept compacted: GPU c's bytes [c * hbm_bytes, c * hbm_bytes + hbm_stride)
+    # at host offset c * hbm_stride (hbm_offset), so a node of 80 GB GPUs holding a small
+    # model takes host memory for what its programs use, not chips x 80 GB.
     hbm: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint8))
+    hbm_stride: int = 0  # host bytes a chip (0: one flat HBM, host offset = address)
+
+    def hbm_offset(self, addr: int, nbytes: int = 0) -> int:
+        """Host offset in `hbm` of HBM address `addr` (its nbytes stay in one chip's part)."""
+        if not self.hbm_stride:
+            return addr
+        chip, rest = divmod(addr, self.machine.hbm_bytes)
+        if rest + nbytes > self.hbm_stride:
+            raise LoadError(f"HBM bytes {addr:#x}..{addr + nbytes - 1:#x} lie outside the "
+                            f"buffers the program declares on chip {chip}")
+        return chip * self.hbm_stride + rest
 
     @property
     def colors(self) -> int:
@@ -338,8 +352,8 @@ def _load(program: Program, machine: Machine, base_dir: str | None,
         pe_of_cell=pe_of_cell, base_dir=base_dir, sram_base=sram_base.astype(np.int64),
         sram_len=footprint[pe_region].astype(np.int64), timing_only=not with_data,
         unknown=np.zeros(0 if with_data else sram.size // 4, np.uint8),
-        hbm=np.zeros(program.hbm_bytes if with_data else 0, np.uint8),
-        **trees)
+        hbm=np.zeros(_hbm_host_bytes(program, m) if with_data else 0, np.uint8),
+        hbm_stride=_hbm_stride(program, m) if with_data else 0, **trees)
     _init_data(loaded)
     _init_hbm(loaded)
     return loaded
@@ -688,7 +702,8 @@ def hbm_matrix(values: np.ndarray, init: HbmInit) -> np.ndarray:
     return s
 
 
-def _fill_hbm(hbm: np.ndarray, init: HbmInit, values: np.ndarray, tag: str) -> None:
+def _fill_hbm(hbm: np.ndarray, init: HbmInit, values: np.ndarray, tag: str,
+              offset_of=lambda addr, nbytes: addr) -> None:
     """Write S as HbmInit describes: row tiles one after another, each in init.order.
 
     Vectorised over chunks of about HBM_CHUNK elements: whole tiles when a tile is smaller
@@ -698,8 +713,9 @@ def _fill_hbm(hbm: np.ndarray, init: HbmInit, values: np.ndarray, tag: str) -> N
     r, c = s.shape
     size = DTYPE_BYTES[init.dtype]
 
-    def put(offset: int, block: np.ndarray) -> None:
+    def put(addr: int, block: np.ndarray) -> None:
         raw = _storage_bytes(block.reshape(-1), tag, init.dtype)
+        offset = offset_of(addr, raw.size)
         hbm[offset:offset + raw.size] = raw
     if init.order == "C":
         step = max(1, HBM_CHUNK // c)
@@ -720,6 +736,21 @@ def _fill_hbm(hbm: np.ndarray, init: HbmInit, values: np.ndarray, tag: str) -> N
             put(init.addr + (r0 * c + c0 * tr) * size, s[r0:r0 + tr, c0:c0 + step].T)
 
 
+def _hbm_stride(program: Program, m: Machine) -> int:
+    """Host bytes a chip of a system with HBM: the furthest any declared buffer reaches into
+    its chip (buffers never straddle two chips: a DMA could not reach across), 0 for one chip."""
+    hb = getattr(m, "hbm_bytes", 0)
+    if getattr(m, "chips", 1) <= 1 or not hb or not program.hbm_allocs:
+        return 0
+    reach = max(a.addr + a.nbytes - (a.addr // hb) * hb for a in program.hbm_allocs)
+    return -(-min(reach, hb) // 8) * 8
+
+
+def _hbm_host_bytes(program: Program, m: Machine) -> int:
+    stride = _hbm_stride(program, m)
+    return program.hbm_bytes if not stride else stride * m.chips
+
+
 def _init_hbm(loaded: Loaded) -> None:
     """Fill Loaded.hbm from the program's HBM inits (functional mode only)."""
     if not loaded.hbm.size:
@@ -727,7 +758,7 @@ def _init_hbm(loaded: Loaded) -> None:
     tensors = {t.name: t for t in loaded.program.tensors}
     for init in loaded.program.hbm_inits:
         values, tag = _tensor_values(tensors[init.tensor], loaded.base_dir)
-        _fill_hbm(loaded.hbm, init, values, tag)
+        _fill_hbm(loaded.hbm, init, values, tag, loaded.hbm_offset)
 
 
 def hbm_piece(program: Program, name: str) -> HbmPiece | None:
@@ -761,7 +792,8 @@ def write_input(loaded: Loaded, name: str, values: np.ndarray) -> None:
     hp = hbm_piece(loaded.program, name)
     if hp is not None and loaded.hbm.size:
         raw = _storage_bytes(values.reshape(-1), tag, hp.dtype)
-        loaded.hbm[hp.addr:hp.addr + raw.size] = raw
+        at = loaded.hbm_offset(hp.addr, raw.size)
+        loaded.hbm[at:at + raw.size] = raw
 
 
 # host dtypes an input of each storage dtype takes: the same kind, never narrowed or widened
@@ -861,7 +893,8 @@ def _read_hbm_piece(loaded: Loaded, s, hp: HbmPiece) -> np.ndarray:
 
     n = int(np.prod(s.shape))
     name_dt = DTYPE_NAMES[hp.dtype]
-    raw = loaded.hbm[hp.addr:hp.addr + n * DTYPE_BYTES[hp.dtype]]
+    at = loaded.hbm_offset(hp.addr, n * DTYPE_BYTES[hp.dtype])
+    raw = loaded.hbm[at:at + n * DTYPE_BYTES[hp.dtype]]
     if name_dt == "bf16":
         vals = bf16_to_f32_array(raw.view(np.uint16))
     else:

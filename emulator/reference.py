@@ -313,12 +313,17 @@ class Reference:
             if addr < own or addr + nbytes > own + m.hbm_bytes:
                 self.fault_detail = hbm_chip_detail(ld, pe.index, addr, nbytes)
                 raise Fault(F_HBM_CHIP)
+        host = addr  # where the bytes are in ld.hbm (a system's chips are kept compacted)
+        if ld.hbm_stride:
+            if addr - own + nbytes > ld.hbm_stride:
+                raise Fault(F_HBM_RANGE)
+            host = chip * ld.hbm_stride + addr - own
         lo = int(ld.sram_base[pe.index]) + d[ADDR]
         if name == "dmald":
-            ld.sram[lo:lo + nbytes] = ld.hbm[addr:addr + nbytes]
+            ld.sram[lo:lo + nbytes] = ld.hbm[host:host + nbytes]
             self.hbm_read += nbytes
         else:
-            ld.hbm[addr:addr + nbytes] = ld.sram[lo:lo + nbytes]
+            ld.hbm[host:host + nbytes] = ld.sram[lo:lo + nbytes]
             self.hbm_written += nbytes
         start = pe.clock
         t0 = start + m.issue_overhead
