@@ -514,8 +514,12 @@ def run(binary, machine_name, inputs, dump_dir, as_json, trace_path, trace_cap, 
 @click.option("--dump", multiple=True, metavar="PASS",
               help="print the state after a pass: graph, stages, placement, routes")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
+@click.option("--sequences", type=click.IntRange(min=1), default=1, show_default=True,
+              help="independent sequences in flight (wafer mapping): a KV cache each, one "
+                   "token of each a step, pipelined through the layers' regions")
 @user_errors
-def compile_cmd(model, output, machine_name, dtype, max_context, shape_only, dump, as_json):
+def compile_cmd(model, output, machine_name, dtype, max_context, shape_only, dump, as_json,
+                sequences):
     """Compile MODEL (an HF folder with config.json + model.safetensors, its config.json, or a
     *.graph.json)."""
     from wse_emu.isa.machine import load_machine
@@ -530,7 +534,8 @@ def compile_cmd(model, output, machine_name, dtype, max_context, shape_only, dum
         dtype = checkpoint_dtype(model, shape_only) or "fp32"
     base = os.path.dirname(os.path.abspath(output))
     program, rep = compile_model(model, machine, dtype=dtype, max_context=max_context,
-                                 shape_only=shape_only, dump=tuple(dump), base_dir=base)
+                                 shape_only=shape_only, dump=tuple(dump), base_dir=base,
+                                 sequences=sequences)
     write_with(output, lambda p: write_program(program, p))
     click.echo(json.dumps(rep.to_json(), indent=1) if as_json else str(rep))
     click.echo(f"wrote {output}", err=True)

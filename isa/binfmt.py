@@ -836,7 +836,7 @@ def check_program(program: Program) -> None:
 
 _MODEL_KEYS = {"family", "target", "mapping", "machine", "dtype", "layers", "hidden", "vocab",
                "max_context", "positions", "parts", "shape_only", "chips", "groups",
-               "crossing_cycles"}
+               "crossing_cycles", "sequences"}
 
 
 def _model_json(model: ModelInfo | None):
@@ -856,7 +856,8 @@ def _read_model(doc) -> ModelInfo | None:
     s = _Schema("META")
     if isinstance(doc, dict):  # files written before the optional keys existed lack them
         doc = {**{k: v for k, v in (("shape_only", False), ("chips", 1), ("groups", []),
-                                    ("crossing_cycles", [])) if k not in doc}, **doc}
+                                    ("crossing_cycles", []), ("sequences", 1))
+                  if k not in doc}, **doc}
     d = s.dict(doc, "model", _MODEL_KEYS)
     for k in ("family", "target", "mapping", "machine", "dtype"):
         s.str(d[k], k)
@@ -871,7 +872,7 @@ def _read_model(doc) -> ModelInfo | None:
     crossings = tuple(s.int(v, f"crossing_cycles[{i}]")
                       for i, v in enumerate(s.list(d["crossing_cycles"], "crossing_cycles")))
     ints = {k: s.int(d[k], k) for k in ("layers", "hidden", "vocab", "max_context",
-                                        "positions")}
+                                        "positions", "sequences")}
     parts = []
     for i, p in enumerate(s.list(d["parts"], "parts")):
         q = s.dict(p, f"parts[{i}]", {"name", "layer", "regions", "predicted_cycles"})
@@ -926,12 +927,20 @@ def _check_model(program: Program) -> None:
         if getattr(m, field) not in allowed:
             _fail(f"model {field} must be one of {', '.join(allowed)}, got "
                   f"{getattr(m, field)!r}", "model")
-    for field in ("layers", "hidden", "vocab", "max_context", "positions"):
+    for field in ("layers", "hidden", "vocab", "max_context", "positions", "sequences"):
         v = getattr(m, field)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             _fail(f"model {field} must be a positive integer, got {v!r}", "model")
     if m.positions > m.max_context:
         _fail(f"model positions {m.positions} exceed max_context {m.max_context}", "model")
+    if m.sequences > 1:  # several sequences: one position each a run, B ids and B positions
+        if m.positions != 1:
+            _fail(f"model sequences {m.sequences} need positions 1 (a decode step), got "
+                  f"{m.positions}", "model")
+        for sym in program.symbols:
+            if sym.name in ("input_ids", "position_ids") and tuple(sym.shape) != (m.sequences,):
+                _fail(f"model sequences {m.sequences}: input {sym.name!r} has shape "
+                      f"{tuple(sym.shape)}, not ({m.sequences},)", "model")
     if not isinstance(m.shape_only, bool):
         _fail(f"model shape_only must be true or false, got {m.shape_only!r}", "model")
     if isinstance(m.chips, bool) or not isinstance(m.chips, int) or m.chips < 1:
