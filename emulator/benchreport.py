@@ -109,6 +109,15 @@ def markdown(suite: dict) -> str:
               "time); hottest link = its wavelets / cycles. Floors: HBM weights = weight bytes / "
               "peak HBM bandwidth, HBM moved = reported HBM bytes / peak, SIMD = FLOPs / peak, "
               "link = hottest link's wavelets / clock.", "", f"Batch: {meta['batch_sweep']}."]
+    predicted = [f"{c['model']} on {c['machine']}: predicted "
+                 f"{c['figures']['predicted_cycles_per_token']:,} cycles, emulated "
+                 f"{c['figures']['cycles_per_token']:,} (emulated / predicted "
+                 f"{c['figures']['cycles_per_token'] / c['figures']['predicted_cycles_per_token']:.2f})"
+                 for c in cases if c["status"] == "ok"
+                 and c["figures"].get("predicted_cycles_per_token")]
+    if predicted:
+        lines += ["", "The compiler's cost model beside the emulator (cycles a token):", ""] + \
+            [f"- {p}" for p in predicted]
     paths = [f"{c['model']} on {c['machine']}: " + ", ".join(
                  f"{PARTS.get(k, k)} {_share(v / c['figures']['seconds_per_token'])}"
                  for k, v in sorted(c["figures"]["critical_path_seconds"].items(),

@@ -378,7 +378,24 @@ def run_case(case: Case, machine, dtype: str, program, position: int, figures: M
     layer_s, by_part = critical_path(result, stage_of_pe(program, gen.loaded.pe_region), stages,
                                      figures.layers, machine.clock_hz)
     measure(case, figures, machine, dtype, result, layer_s, by_part)
+    predicted = predicted_cycles(program)
+    if predicted:  # the compiler's cost model beside the emulated step, and per layer
+        case.figures["predicted_cycles_per_token"] = predicted[0]
+        case.figures["predicted_layer_seconds"] = [c / machine.clock_hz for c in predicted[1]]
     case.status = "ok"
+
+
+def predicted_cycles(program):
+    """(cycles a decode step, [cycles of each layer]) by the compiler's cost model, from the
+    program's ModelInfo (its parts and the crossings between wafers), or None without one."""
+    m = program.model
+    if m is None or not any(p.predicted_cycles for p in m.parts):
+        return None
+    per_layer = [0] * m.layers
+    for p in m.parts:
+        if 0 <= p.layer < m.layers:
+            per_layer[p.layer] += p.predicted_cycles
+    return sum(p.predicted_cycles for p in m.parts) + sum(m.crossing_cycles), per_layer
 
 
 def run_model(spec: ModelSpec, machines, dtype: str, max_context: int | None,

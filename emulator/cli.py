@@ -620,7 +620,16 @@ def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timin
     click.echo(f"emulated        {res.seconds_per_token * 1e6:.2f} us/token = "
                f"{res.tokens_per_second:,.0f} tokens/s on {gen.machine.name}")
     click.echo(f"cycles/token    {', '.join(f'{c:,}' for c in res.cycles_per_token)}")
+    if res.predicted_cycles:
+        mean = sum(res.cycles_per_token) / len(res.cycles_per_token)
+        click.echo(f"predicted       {res.predicted_cycles:,} cycles/token by the compiler's cost "
+                   f"model (emulated / predicted {mean / res.predicted_cycles:.2f})")
     click.echo(f"host            {res.host_seconds:.2f} s")
+    if res.parts:
+        click.echo("per part        predicted / emulated cycles a step (emulated: when the part's "
+                   "last PE halts, minus the part before)")
+        for part, c in res.parts.items():
+            click.echo(f"  {part:<24}  {c['predicted']:>10,} {c['emulated']:>10,}")
     click.echo("per token       compute / waiting for wavelets / backpressure cycles (summed over PEs)")
     for part, c in res.per_layer.items():
         click.echo(f"  {part:<12}  {c['compute']:>12,} {c['fabric']:>12,} {c['stall']:>10,}")

@@ -54,6 +54,14 @@ class GenerateResult:
     decode_token: int | None = None  # timing-only: the token id every decode step was fed
     note: str = ""  # what a timing-only result does not contain, in words
     start_position: int | None = None  # timing-only: the first decode step's (no prefill run)
+    # the compiler's cost model beside the emulator: predicted cycles of a decode step (0: the
+    # program has no prediction; several sequences: the pipelined step of all of them), and
+    # per part ("embed", "layer i", "crossing c-c+1", "head") {"predicted", "emulated"}
+    # cycles a step, emulated as when the part's last PE halted minus when the part before it
+    # ended (the wafer mapping's parts run one after the other; with several sequences, the
+    # last sequence's pass)
+    predicted_cycles: int = 0
+    parts: dict = field(default_factory=dict)
     sequences: int = 1  # sequences in flight (a run takes one token of each)
     ids_per_sequence: list = field(default_factory=list)  # every sequence's generated ids
     aggregate_tokens_per_second: float = 0.0  # sequences x tokens_per_second
@@ -62,7 +70,6 @@ class GenerateResult:
     # the measured run's cycles, which a wafer-mapped step takes at every position)
     ttft_seconds: list = field(default_factory=list)
     ttft_prompt_lengths: list = field(default_factory=list)  # the prompts those are for
-    predicted_cycles: int = 0  # the compiler's prediction of a run (0: none recorded)
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -98,6 +105,7 @@ class Generator:
 
         self._run = engine_run(engine)
         self._layer_of_pe = self._pe_layers(info)
+        self._timed_parts = self._parts_in_series(program)
         self.n_past = 0  # one sequence: its cached positions
         self.positions = np.zeros(self.sequences, dtype=np.int64)  # every sequence's
         self.last_result = None
@@ -110,6 +118,40 @@ class Generator:
         region_layer = np.array([layers[int(r.name[1:].split(".", 1)[0])]
                                  for r in self.program.regions], dtype=np.int64)
         return region_layer[self.loaded.pe_region]
+
+    def _parts_in_series(self, program: Program) -> list:
+        """[(part name, predicted cycles, PE indices or None)] in the order a decode step runs
+        them, for programs whose parts run one after the other (the wafer mapping); a
+        crossing between wafers has no PEs of its own: it ends when the next layer does."""
+        m = program.model
+        if m is None or m.mapping != "wafer":
+            return []
+        region_index = {r.name: i for i, r in enumerate(program.regions)}
+        parts = sorted((p for p in m.parts if p.name != "sources"), key=lambda p: p.layer)
+        crossing_into = {first: (f"crossing {c - 1}-{c}", m.crossing_cycles[c - 1])
+                         for c, (first, _) in enumerate(m.groups) if c > 0}
+        out = []
+        for p in parts:
+            if p.layer in crossing_into:
+                name, cycles = crossing_into[p.layer]
+                out.append((name, int(cycles), None))
+            regions = np.array([region_index[r] for r in p.regions])
+            pes = np.nonzero(np.isin(self.loaded.pe_region, regions))[0]
+            out.append((p.name, int(p.predicted_cycles), pes))
+        return out
+
+    def _time_parts(self, totals: dict) -> None:
+        """Add the last run's emulated cycles of every part (in series) to totals."""
+        clock = np.asarray(self.last_result.clock).reshape(-1)
+        prev, crossing = 0, None
+        for name, _, pes in self._timed_parts:
+            if pes is None:  # measured with the layer after it: the two end together
+                crossing = name
+                continue
+            end = int(clock[pes].max()) if len(pes) else prev
+            key = f"{crossing} + {name}" if crossing else name
+            totals[key] = totals.get(key, 0) + max(end - prev, 0)
+            prev, crossing = max(prev, end), None
 
     def reset(self) -> None:
         """Forget the sequence: SRAM back to its loaded state (empty KV caches; timing-only:
@@ -245,6 +287,7 @@ class Generator:
         tick = on_step or _ignore
         prefill_cycles, cycles, out = 0, [], []
         totals: dict[int, np.ndarray] = {}
+        timed: dict[str, int] = {}
         if position is not None:  # no prefill: the first decode step at `position`
             self.n_past = int(position)
             logits = self.step(decode_token)
@@ -257,6 +300,8 @@ class Generator:
         for i in range(n):
             cycles.append(int(self.last_result.cycles))
             self._account(totals)
+            if self._timed_parts:
+                self._time_parts(timed)
             if self.timing_only:  # no values: every step is fed the given token
                 if i + 1 < n:
                     self.step(decode_token)
@@ -282,20 +327,26 @@ class Generator:
                               int(prefill_cycles), per_layer, self.timing_only,
                               "timing-only" if self.timing_only else "functional",
                               decode_token if self.timing_only else None, note, position,
-                              1, [out], 1.0 / spt, ttft, lengths, self.predicted_cycles())
+                              predicted_cycles=self.predicted_cycles(),
+                              parts=self._parts_result(timed, n), sequences=1,
+                              ids_per_sequence=[out], aggregate_tokens_per_second=1.0 / spt,
+                              ttft_seconds=ttft, ttft_prompt_lengths=lengths)
 
     def predicted_cycles(self) -> int:
-        """The compiler's predicted cycles of a run (the wafer mapping: its parts pipelined
-        over the sequences, isa.compiler.predict.pipelined_cycles); 0 when not recorded."""
+        """The compiler's predicted cycles of a run: the wafer mapping's parts in series (one
+        sequence) or pipelined over the sequences (isa.compiler.predict.pipelined_cycles); 0
+        for programs without a prediction."""
         from wse_emu.isa.compiler.predict import pipelined_cycles
 
-        m = self.program.model
-        if m is None or not m.parts:
-            return 0
-        parts = {p.name: p.predicted_cycles for p in m.parts}
-        if m.mapping == "wafer":
-            return pipelined_cycles(parts, m.sequences)
-        return sum(parts.values())
+        return pipelined_cycles({name: c for name, c, _ in self._timed_parts}, self.sequences)
+
+    def _parts_result(self, timed: dict, n: int) -> dict:
+        predicted = {name: c for name, c, _ in self._timed_parts}
+        parts = {}
+        for key, total in timed.items():  # "crossing c-c+1 + layer i": both predictions
+            parts[key] = {"predicted": sum(predicted[k] for k in key.split(" + ")),
+                          "emulated": int(total // n)}
+        return parts
 
     def _ttft_estimate(self, position: int, cycles: int) -> tuple[list, list]:
         """Timing-only from `position` P: a prompt of P + 1 tokens takes P + 1 runs, each the
@@ -344,7 +395,7 @@ class Generator:
         lengths = [1] * B if position is not None else [len(p) for p in prompts]
         first = max(lengths) - 1  # the first run every sequence decodes in
         out: list[list[int]] = [[] for _ in range(B)]
-        run_cycles, totals = [], {}
+        run_cycles, totals, timed = [], {}, {}
         for t in range(first + n):
             toks, pos = [], []
             for s in range(B):
@@ -363,6 +414,8 @@ class Generator:
             run_cycles.append(int(self.last_result.cycles))
             if t >= first:
                 self._account(totals)
+                if self._timed_parts:
+                    self._time_parts(timed)
             if logits is not None:
                 for s in range(B):
                     if lengths[s] - 1 <= t <= lengths[s] + n - 2:
@@ -386,9 +439,12 @@ class Generator:
                               time.perf_counter() - t0, int(sum(run_cycles[:first])),
                               per_layer, self.timing_only,
                               "timing-only" if self.timing_only else "functional",
-                              decode_token if self.timing_only else None, note, position, B,
-                              out if not self.timing_only else [], B / spt, ttft, ttft_lengths,
-                              self.predicted_cycles())
+                              decode_token if self.timing_only else None, note, position,
+                              predicted_cycles=self.predicted_cycles(),
+                              parts=self._parts_result(timed, n), sequences=B,
+                              ids_per_sequence=out if not self.timing_only else [],
+                              aggregate_tokens_per_second=B / spt, ttft_seconds=ttft,
+                              ttft_prompt_lengths=ttft_lengths)
 
     def _layer_name(self, layer: int) -> str:
         if layer == KERNEL:

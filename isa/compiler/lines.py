@@ -34,13 +34,182 @@ class LineKind:
 
     axis: str
     length: int
-    colors: tuple  # (lo0, lo1, hi0, hi1, bcast)
+    colors: tuple  # (lo0, lo1, hi0, hi1, bcast); two-phase: (intra0, intra1, inter0, inter1, bcast)
     pos_reg: str
     flags: tuple = ()  # (root, left, end, odd) registers set by setup_flags, or () to compare
+    group: int = 0  # two-phase: PEs a group (0: the chain form)
+    role_reg: str = ""  # two-phase: the register holding the PE's role (setup_roles)
 
     @property
     def root(self) -> int:
         return (self.length - 1) // 2
+
+
+# ---------------------------------------------------------------------------------------------
+# the two-phase form: on each side of the root, chains inside groups of G PEs toward the
+# group's root (its PE nearest the line's root), then a chain over the group roots on colors
+# the other PEs pass through (a hop a PE instead of a relay's two ramps and injection)
+
+def side_of(line: LineKind, q: int) -> tuple[int, int, int]:
+    """(distance t from the root, color offset: 0 left / 1 right, PEs on that side)."""
+    m, L = line.root, line.length
+    return (m - q, 0, m) if q < m else (q - m, 1, L - 1 - m)
+
+
+def role(line: LineKind, q: int) -> int:
+    """The role code of position q in a two-phase line: 0 the root; 1 + p an intra-group relay
+    sending on intra color p; 3 + p a chain end sending on intra color p; a group root
+    16 | has_intra | (intra color it receives) << 1 | has_inter << 2 | (inter color it sends)
+    << 3 (it receives inter on the other)."""
+    if q == line.root:
+        return 0
+    t, off, side = side_of(line, q)
+    G = line.group
+    j, u = (t - 1) // G, (t - 1) % G
+    size = min(G, side - j * G)
+    groups = -(-side // G)
+    if u > 0:
+        return (3 if u == size - 1 else 1) + (t + off) % 2
+    return 16 | (size > 1) | ((t + 1 + off) % 2) << 1 | (j < groups - 1) << 2 | \
+        ((j + off) % 2) << 3
+
+
+def setup_roles(rb, line: LineKind, rect_of=None) -> None:
+    """Once at a region's start: the PE's role (role()) into line.role_reg, computed from its
+    position register by scalar code (no data word: a timing-only run then keeps no SRAM for
+    the region). Temporaries r0, r1, r2, r9, r10, r11. rect_of: unused (the code is SPMD)."""
+    if not line.group or line.length == 1:
+        return
+    q, R, m, L, G = line.pos_reg, line.role_reg, line.root, line.length, line.group
+    tag = f"role_{line.axis}_{line.colors[0]}"
+    right, done, groot, keep = (f"{tag}_right", f"{tag}_done", f"{tag}_groot", f"{tag}_keep")
+    t, side, off, j, u, p = "r2", "r9", "r11", "r0", "r1", "r10"
+    rb.li("r1", m)
+    rb.sub(t, q, "r1")  # right of the root: t = q - m, offset 1
+    rb.li(side, L - 1 - m)
+    rb.li(off, 1)
+    rb.bge(q, "r1", right)
+    rb.sub(t, "r1", q)  # left: t = m - q, offset 0
+    rb.li(side, m)
+    rb.li(off, 0)
+    rb.label(right)
+    rb.li(R, 0)
+    rb.beq(t, ZR, done)  # the root
+    rb.addi(u, t, -1)
+    rb.li(p, G)
+    rb.div(j, u, p)  # group j = (t - 1) // G
+    rb.rem(u, u, p)  # place in the group u = (t - 1) % G
+    rb.add(p, t, off)
+    rb.andi(p, p, 1)  # the intra color this PE sends on
+    rb.beq(u, ZR, groot)
+    rb.li(R, G)  # size - 1 = min(G, side - j G) - 1 into side
+    rb.mul(R, j, R)
+    rb.sub(side, side, R)
+    rb.li(R, G)
+    rb.blt(side, R, keep)
+    rb.addi(side, R, 0)
+    rb.label(keep)
+    rb.addi(side, side, -1)
+    rb.addi(R, p, 1)  # an intra relay: 1 + p
+    rb.bne(u, side, done)
+    rb.addi(R, p, 3)  # the chain's end: 3 + p
+    rb.jmp(done)
+    rb.label(groot)  # 16 | size > 1 | (1 - p) << 1 | has_inter << 2 | ((j + off) & 1) << 3
+    rb.li(u, 1)
+    rb.sub(u, u, p)
+    rb.muli(u, u, 2)
+    rb.addi(R, u, 16)
+    rb.li(u, G)
+    rb.mul(u, j, u)
+    rb.sub(u, side, u)  # side - j G
+    if G > 1:
+        rb.li(p, 1)
+        rb.slt(p, p, u)
+        rb.add(R, R, p)
+    rb.addi(u, side, -1)
+    rb.li(p, G)
+    rb.div(u, u, p)  # the last group's index
+    rb.slt(u, j, u)
+    rb.muli(u, u, 4)
+    rb.add(R, R, u)
+    rb.add(u, j, off)
+    rb.andi(u, u, 1)
+    rb.muli(u, u, 8)
+    rb.add(R, R, u)
+    rb.label(done)
+
+
+def _two_phase(rb, labels, line: LineKind, n: int, vop, broadcast: bool) -> None:
+    """The two-phase allreduce's code (role): d13 holds the block."""
+    A, C, bc = line.colors[0:2], line.colors[2:4], line.colors[4]
+    R, S = line.role_reg, SCRATCH
+    groot, root, end, recv, done = (labels("tp_groot"), labels("tp_root"), labels("tp_end"),
+                                    labels("tp_recv"), labels("tp_done"))
+
+    def relay(cin, cout):
+        rb.dfin("d14", "f32", cin, n)
+        rb.dfout("d15", "f32", cout, n)
+        vop("d15", "d14", "d13")
+
+    def send(cout):
+        rb.dfout("d15", "f32", cout, n)
+        rb.vmov("d15", "d13")
+
+    def on_bit(bit, if_set, if_clear):
+        other, joined = labels("tp_bit"), labels("tp_join")
+        rb.andi(S, R, bit)
+        rb.bne(S, ZR, other)
+        if_clear()
+        rb.jmp(joined)
+        rb.label(other)
+        if_set()
+        rb.label(joined)
+
+    rb.li(S, 16)
+    rb.bge(R, S, groot)
+    rb.beq(R, ZR, root)
+    rb.li(S, 3)
+    rb.bge(R, S, end)
+    on_bit(2, lambda: relay(A[0], A[1]), lambda: relay(A[1], A[0]))  # role 1 or 2
+    rb.jmp(recv)
+    rb.label(end)  # role 3 or 4: bit 0 of role - 3
+    rb.addi(S, R, -3)
+    odd_end, joined = labels("tp_endodd"), labels("tp_endj")
+    rb.bne(S, ZR, odd_end)
+    send(A[0])
+    rb.jmp(joined)
+    rb.label(odd_end)
+    send(A[1])
+    rb.label(joined)
+    rb.jmp(recv)
+    rb.label(groot)
+
+    def intra_in(color):
+        rb.dfin("d14", "f32", color, n)
+        vop("d13", "d14", "d13")
+    no_intra = labels("tp_nointra")
+    rb.andi(S, R, 1)
+    rb.beq(S, ZR, no_intra)
+    on_bit(2, lambda: intra_in(A[1]), lambda: intra_in(A[0]))
+    rb.label(no_intra)
+    on_bit(4, lambda: on_bit(8, lambda: relay(C[0], C[1]), lambda: relay(C[1], C[0])),
+           lambda: on_bit(8, lambda: send(C[1]), lambda: send(C[0])))
+    rb.jmp(recv)
+    rb.label(root)
+    if line.root > 0:
+        rb.dfin("d14", "f32", C[0], n)
+        vop("d13", "d14", "d13")
+    rb.dfin("d14", "f32", C[1], n)
+    vop("d13", "d14", "d13")
+    if broadcast:
+        rb.dfout("d15", "f32", bc, n)
+        rb.vmov("d15", "d13")
+    rb.jmp(done)
+    rb.label(recv)
+    if broadcast:
+        rb.dfin("d14", "f32", bc, n)
+        rb.vmov("d13", "d14")
+    rb.label(done)
 
 
 def setup_flags(rb, line: LineKind) -> None:
@@ -74,6 +243,10 @@ def allreduce(rb, labels, line: LineKind, buf, n: int, op: str = "add",
     lo, hi, bc = line.colors[0:2], line.colors[2:4], line.colors[4]
     vop = rb.vadd if op == "add" else rb.vmax
     rp = line.pos_reg
+    if line.group:
+        rb.dmem("d13", "f32", buf, n)
+        _two_phase(rb, labels, line, n, vop, broadcast)
+        return
     left, root, done, recv = (labels("ar_left"), labels("ar_root"), labels("ar_done"),
                               labels("ar_recv"))
     rb.dmem("d13", "f32", buf, n)
@@ -167,6 +340,14 @@ def routes(add, line: LineKind, x0: int, y0: int, w: int, h: int, broadcast: boo
         return
     for q in range(L):
         rules = []
+        if line.group:
+            rules = _two_phase_rules(line, q, plus, minus)
+            if broadcast:
+                rules += _bcast_rule(line, q, plus, minus)
+            for rect in strips[q]:
+                for color, rx, tx in rules:
+                    add(*rect, color, rx, tx)
+            continue
         if q < m:
             rules.append((lo[q % 2], "RAMP", plus))
         if 1 <= q <= m:
@@ -188,7 +369,54 @@ def routes(add, line: LineKind, x0: int, y0: int, w: int, h: int, broadcast: boo
                 add(*rect, color, rx, tx)
 
 
-def cycles(machine, L: int, n: int, broadcast: bool = True) -> int:
+def _bcast_rule(line: LineKind, q: int, plus: str, minus: str) -> list:
+    m, L, bc = line.root, line.length, line.colors[4]
+    if q == m:
+        return [(bc, "RAMP", "|".join(([minus] if m > 0 else []) + [plus]))]
+    if q < m:
+        return [(bc, plus, "RAMP" + (f"|{minus}" if q > 0 else ""))]
+    return [(bc, minus, "RAMP" + (f"|{plus}" if q < L - 1 else ""))]
+
+
+def _two_phase_rules(line: LineKind, q: int, plus: str, minus: str) -> list:
+    """Route rules (color, rx, tx) of position q of a two-phase line (role)."""
+    A, C = line.colors[0:2], line.colors[2:4]
+    m = line.root
+    if q == m:
+        return ([(C[0], minus, "RAMP")] if m > 0 else []) + [(C[1], plus, "RAMP")]
+    t, off, side = side_of(line, q)
+    toward, outward = (plus, minus) if q < m else (minus, plus)
+    G = line.group
+    j, u = (t - 1) // G, (t - 1) % G
+    size = min(G, side - j * G)
+    has_inter = j < -(-side // G) - 1
+    rules = []
+    if u > 0:  # sends its chain's stream toward the group root
+        rules.append((A[(t + off) % 2], "RAMP", toward))
+    if u < size - 1:  # receives the chain from further out
+        rules.append((A[(t + 1 + off) % 2], outward, "RAMP"))
+    if u == 0:
+        rules.append((C[(j + off) % 2], "RAMP", toward))
+        if has_inter:
+            rules.append((C[(j + 1 + off) % 2], outward, "RAMP"))
+    elif has_inter:  # the next group root's stream passes through
+        rules.append((C[(j + 1 + off) % 2], outward, toward))
+    return rules
+
+
+def best_group(machine, L: int, n: int) -> int:
+    """The group size G with the fewest cycles for a line of L PEs and n-wavelet blocks; 0
+    when the chain form is faster."""
+    best, form = cycles(machine, L, n), 0
+    side = L - 1 - (L - 1) // 2
+    for G in range(1, side + 1):
+        c = cycles(machine, L, n, group=G)
+        if c < best:
+            best, form = c, G
+    return form
+
+
+def cycles(machine, L: int, n: int, broadcast: bool = True, group: int = 0) -> int:
     """Cycles of one allreduce on a line of L PEs with n-wavelet blocks, from the moment every
     PE starts it until the last PE has the result. Every relay has issued its op before the
     stream reaches it, so the stream's head advances by one injection, two ramps and a hop a
@@ -200,7 +428,28 @@ def cycles(machine, L: int, n: int, broadcast: bool = True) -> int:
                             machine.scalar_cycles)
     m = (L - 1) // 2
     side = max(m, L - 1 - m)
+    if group:
+        return _two_phase_cycles(machine, side, n, broadcast, group)
     t = 6 * sc + issue + side * (1 + 2 * ramp + hop) + n  # the far side's stream at the root
+    t += sc + issue + n  # the root's second add
+    if broadcast:
+        t += 2 * sc + issue + 1 + 2 * ramp + side * hop + n + 2 * sc
+    return t
+
+
+def _two_phase_cycles(machine, side: int, n: int, broadcast: bool, G: int) -> int:
+    """The two-phase form (role): the farthest group's chain reaches its root after G - 1
+    relays, which adds it (n cycles) and starts the chain over the group roots: a relay at
+    every group root, a hop at every PE between; the root adds both sides' streams and floods
+    the sum back over the longer side."""
+    hop, ramp, issue, sc = (machine.hop_latency, machine.ramp_latency, machine.issue_overhead,
+                            machine.scalar_cycles)
+    J = -(-side // G)
+    intra = (G - 1) * (1 + 2 * ramp + hop) + n if G > 1 else 0  # the group roots' sums
+    t = 8 * sc + issue + intra
+    # the chain over the group roots: its stream reaches the root after a relay a group and a
+    # hop a PE; measured, it also waits about one block behind the group roots' own adds
+    t += 8 * sc + issue + J * (1 + 2 * ramp) + ((J - 1) * G + 1) * hop + (2 if G > 1 else 1) * n
     t += sc + issue + n  # the root's second add
     if broadcast:
         t += 2 * sc + issue + 1 + 2 * ramp + side * hop + n + 2 * sc

@@ -18,7 +18,14 @@ block down its column to row r of the grid below, which multicasts it along its 
 
 Colors: 0-4 column allreduces, 5-9 row allreduces, 10-14 the KV heads' row segments, 15-16
 the hand-offs (alternating layer to layer), 17 the diagonal, 18 GPT-2's position embedding,
-19 the mask bus, 20 the RoPE bus.
+19 the mask bus, 20 the RoPE bus, 21-22 the crossings between wafers (a system).
+
+Systems. On a machine of several wafers (machine.chips > 1, wafer c holding rows
+[c H, (c + 1) H)) the layers are split into contiguous groups, one a wafer and every wafer
+used (split_layers, balanced by the cost model); each wafer's items snake through its own
+rows from its own row 0 (RoPE sources) as above, the embedding on wafer 0 and the head on the
+last, and the residual crosses from the last grid of a wafer to the first of the next
+(cross_path, crossing_cycles).
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from wse_emu.isa.compiler import map_attention, map_elementwise, map_embedding, 
 from wse_emu.isa.compiler.decoder import Decoder, Geometry, extract, geometry, grid_sides
 from wse_emu.isa.compiler.emit import I32, Labels
 from wse_emu.isa.compiler.lines import LineKind, allreduce, cycles as line_cycles, routes, \
-    setup_flags
+    setup_flags, setup_roles
 from wse_emu.isa.compiler.lower import CompileError, Plan
 from wse_emu.isa.compiler.pack import CompileReport, Weights, part_name, with_model
 from wse_emu.isa.compiler.placement import WEIGHT_BYTES
@@ -62,9 +69,11 @@ COLORS_NEEDED = 21  # one wafer; a system of several needs the CROSS colors, seq
 
 # Several sequences in flight (--sequences B): every region runs its step's code in a loop
 # over s = 0 .. B-1 (r0 = s); a layer's K and V caches are B blocks, the loop's descriptors
-# offset by s blocks (r8, r9 = s times a block's bytes); r10 = 4 s indexes the B token ids and
-# positions. The strategies leave r0 and r7-r10 alone.
-SEQ, KOFF, VOFF, IOFF = "r0", "r8", "r9", "r10"
+# offset by s blocks (r9, r10 = s times a block's bytes). The strategies and the line
+# allreduces leave r0, r9 and r10 alone after the region's setup (lines.setup_roles uses them
+# before the loop starts); the embedding and the sources index the B token ids and positions
+# with their own loops (map_attention.seq_loop).
+SEQ, KOFF, VOFF = "r0", "r9", "r10"
 
 
 def cross_color(chip: int) -> int:
@@ -107,6 +116,7 @@ class Mapping:
     bands: int  # the most bands on one wafer
     predicted: dict = field(default_factory=dict)  # part -> cycles (and "crossing c-c+1")
     groups: list = field(default_factory=list)  # per wafer: (first layer, layers)
+    line_groups: tuple = (0, 0)  # two-phase group size of the column and row lines (0: chain)
     seqs: int = 1  # sequences in flight: B KV caches a layer, B tokens a step
 
 
@@ -280,10 +290,11 @@ def choose(dec: Decoder, machine, dtype: str, exact: bool, grid: int | None = No
         mp = _arrange(dec, geo, machine, dtype, exact)
         if mp is None:
             continue
-        mp.seqs = seqs
+        forms = line_forms(dec, geo, machine, dtype)
+        mp.line_groups, mp.seqs = forms, seqs
         if machine.chips > 1:  # again, with the groups balanced by the cost model
             mp = _arrange(dec, geo, machine, dtype, exact, split_costs(mp, machine, dtype))
-            mp.seqs = seqs
+            mp.line_groups, mp.seqs = forms, seqs
         mp.predicted = predict(mp, machine, dtype)
         total = pipelined_cycles(mp.predicted, seqs)
         if best is None or total < best[0]:
@@ -291,6 +302,22 @@ def choose(dec: Decoder, machine, dtype: str, exact: bool, grid: int | None = No
     if best is None:
         raise CompileError(_refusal(dec, machine, dtype, exact, biases, sides, name, seqs))
     return best[1]
+
+
+def line_forms(dec: Decoder, geo: Geometry, machine, dtype: str) -> tuple:
+    """(column, row) group sizes of the layers' line allreduces (0: the chain form): for each
+    kind of line, the form with the fewest cycles over the allreduces a layer makes on it
+    (lines.cycles; a dry run of the layer lists them)."""
+    dry = _DryRun(geo, dtype, machine, bool(dec.rope_theta), dec.family == "gpt2")
+    _layer_body(dry, dec.layers[0], receive=None, send=None)
+    side = geo.n - 1 - (geo.n - 1) // 2
+    out = []
+    for line in (dry.col, dry.row):
+        calls = [(n, b) for key, n, b in dry.calls if key == line.colors]
+        best = min(range(side + 1), key=lambda g: (
+            sum(line_cycles(machine, geo.n, n, b, group=g) for n, b in calls), g))
+        out.append(best)
+    return tuple(out)
 
 
 def split_costs(mp: Mapping, machine, dtype: str) -> tuple:
@@ -317,7 +344,7 @@ def _refusal(dec, machine, dtype, exact, biases, sides, name, seqs: int = 1) -> 
                 n = fits[0]
                 weights = _layer_weights(dec) * WEIGHT_BYTES[dtype]
                 return (f"{name}{caches} needs {chips} wafers of {chip.name} (--machine "
-                        f"{chip.name}x{chips}): needs {len(dec.layers) * n * n} PEs "
+                        f"{chip.name}x{chips}): the model needs {len(dec.layers) * n * n} PEs "
                         f"({len(dec.layers)} layers on {n} x {n} grids, {weights / 1e9:.1f} GB "
                         f"of layer weights; embedding and head more) but machine "
                         f"'{machine.name}' is {machine.width} x {machine.height} "
@@ -370,7 +397,8 @@ def predict(mp: Mapping, machine, dtype: str) -> dict:
     (mp.seqs > 1) each part's figure is one sequence's pass, with the loop's own ops; the
     step is pipelined_cycles of them."""
     geo, dec = mp.geo, mp.dec
-    dry = _DryRun(geo, dtype, machine, bool(dec.rope_theta), dec.family == "gpt2")
+    dry = _DryRun(geo, dtype, machine, bool(dec.rope_theta), dec.family == "gpt2",
+                  mp.line_groups)
     layer = dec.layers[0]
     _layer_body(dry, layer, receive=None, send=None)
     body = dry.total()
@@ -391,18 +419,19 @@ def predict(mp: Mapping, machine, dtype: str) -> dict:
                 out[f"crossing {it.chip - 1}-{it.chip}"] = crossing_cycles(
                     mp.items[k - 1], it, geo, machine)
             out[f"layer {it.index}"] = body + hand
-    hd = _DryRun(geo, dtype, machine, False, False)
+    hd = _DryRun(geo, dtype, machine, False, False, mp.line_groups)
     map_elementwise.norm(hd, dec.final_norm, 0, 0, {p: 0 for p in dec.final_norm.params})
     m, vb = mp.head_cols
     hd.charge("lm head", hd.cost.mat(vb, geo.K, 1, dtype, "f32"))
-    hd.charge("lm head reduce", line_cycles(machine, geo.n, vb, broadcast=False))
+    hd.charge("lm head reduce", line_cycles(machine, geo.n, vb, broadcast=False,
+                                            group=mp.line_groups[0]))
     out["head"] = hd.total() + dry.cost.send(geo.K, geo.n)
     if mp.seqs > 1:  # the loop, and the logits block copied to its sequence's row
         out["head"] += dry.cost.scalar(LOOP_SCALARS + 1) + dry.cost.op("move", vb)
     return out
 
 
-LOOP_SCALARS = 7  # a sequence loop's own scalar ops an iteration (_Emitter.loop)
+LOOP_SCALARS = 5  # a sequence loop's own scalar ops an iteration (_Emitter.loop)
 
 
 def crossing_cycles(prev: Item, it: Item, geo: Geometry, machine) -> int:
@@ -435,12 +464,12 @@ class _NoCode:
 class _Ctx:
     """What the strategies need while emitting one grid's code (or pricing it)."""
 
-    def __init__(self, geo, dtype, machine, rope: bool, biases: bool):
+    def __init__(self, geo, dtype, machine, rope: bool, biases: bool, groups=(0, 0)):
         self.geo, self.dtype, self.machine = geo, dtype, machine
         self.cost = Cost(machine)
         self.rope, self.biases = rope, biases
-        self.col = LineKind("column", geo.n, COL, "r14", ("r3", "r4", "r5", "r6"))
-        self.row = LineKind("row", geo.n, ROW, "r13")
+        self.col, self.row = line_kinds(geo.n, groups)
+        self.calls: list = []  # (line colors, n, broadcast) of every allreduce, in order
         self.seg = LineKind("row", geo.s, SEG, "r12")
         self.colors = {"mask": MASK, "rope": ROPE}
         self.bufs: dict = {}
@@ -452,7 +481,8 @@ class _Ctx:
 
     def allreduce(self, line, buf, n, op="add", what="allreduce", broadcast=True) -> None:
         allreduce(self.rb, self.labels, line, buf, n, op, broadcast)
-        self.charge(what, line_cycles(self.machine, line.length, n, broadcast))
+        self.calls.append((line.colors, n, broadcast))
+        self.charge(what, line_cycles(self.machine, line.length, n, broadcast, line.group))
 
     def buf(self, name):
         return self.bufs[name]
@@ -464,9 +494,19 @@ class _Ctx:
         return CompileError(msg)
 
 
+def line_kinds(n: int, groups: tuple) -> tuple:
+    """The column and row lines of an n x n grid: the chain form with precomputed flags
+    (column) or compares (row), or the two-phase form with a role register."""
+    gc, gr = groups
+    col = (LineKind("column", n, COL, "r14", group=gc, role_reg="r7") if gc else
+           LineKind("column", n, COL, "r14", ("r3", "r4", "r5", "r6")))
+    row = LineKind("row", n, ROW, "r13", group=gr, role_reg="r8" if gr else "")
+    return col, row
+
+
 class _DryRun(_Ctx):
-    def __init__(self, geo, dtype, machine, rope, biases):
-        super().__init__(geo, dtype, machine, rope, biases)
+    def __init__(self, geo, dtype, machine, rope, biases, groups=(0, 0)):
+        super().__init__(geo, dtype, machine, rope, biases, groups)
         self.rb = _NoCode()
         self.shape_only = True
         self.bufs = _Zero()
@@ -531,7 +571,7 @@ class _Emitter:
 
     def ctx(self, rb):
         c = _Ctx(self.geo, self.dtype, self.machine, bool(self.mp.dec.rope_theta),
-                 self.mp.dec.family == "gpt2")
+                 self.mp.dec.family == "gpt2", self.mp.line_groups)
         c.rb, c.shape_only, c.weights = rb, self.shape_only, self.weights
         c.graph, c.declared = self.mp.dec.plan.graph, self.declared
         c.seqs = self.seqs
@@ -539,8 +579,8 @@ class _Emitter:
         return c
 
     def loop(self, ctx, body, strides=(0, 0)) -> None:
-        """body() once, or for s = 0 .. B-1 (module constants: SEQ = s, IOFF = 4 s, KOFF and
-        VOFF = s times strides): LOOP_SCALARS scalar ops an iteration beside the body's."""
+        """body() once, or for s = 0 .. B-1 (module constants: SEQ = s, KOFF and VOFF = s
+        times strides): LOOP_SCALARS scalar ops an iteration beside the body's."""
         rb = ctx.rb
         if self.seqs == 1:
             body()
@@ -548,7 +588,6 @@ class _Emitter:
         top = ctx.labels("sequence")
         rb.li(SEQ, 0)
         rb.label(top)
-        rb.muli(IOFF, SEQ, 4)
         rb.muli(KOFF, SEQ, strides[0])
         rb.muli(VOFF, SEQ, strides[1])
         body()
@@ -564,8 +603,13 @@ class _Emitter:
         rb.sub("r14", "GY", "r1")
         rb.li("r1", self.geo.s)
         rb.rem("r12", "r13", "r1")
-        if flags:  # the column allreduces (six a layer) dispatch on precomputed flags
-            setup_flags(rb, LineKind("column", n, COL, "r14", ("r3", "r4", "r5", "r6")))
+        col, row = line_kinds(n, self.mp.line_groups)
+        w = n if it.kind == "layer" else self.mp.head_cols[0]
+        setup_roles(rb, col, lambda q: (0, q, w, 1))  # two-phase lines: each PE's role
+        if flags:
+            setup_roles(rb, row, lambda q: (q, 0, 1, n))
+            if not col.group:  # the chain form's column allreduces dispatch on flags
+                setup_flags(rb, col)
 
     # -- hand-offs ---------------------------------------------------------------------------
 
@@ -693,7 +737,9 @@ class _Emitter:
         params: dict = {}
         map_elementwise.load_norm(ctx, rb, dec.final_norm, params)
         map_head.load(ctx, rb, dec.head.ref, b["w"], vb, K, m)
-        ctx.col = LineKind("column", n, COL, "r14")
+        ctx.col = line_kinds(n, self.mp.line_groups)[0]
+        if not ctx.col.group:
+            ctx.col = LineKind("column", n, COL, "r14")  # (no flags set up in the head)
         self.position_regs(rb, it, flags=False)
         out = b["logits"]
         if self.seqs > 1:  # a row of vb logits a sequence, copied after the step's reduce
@@ -773,8 +819,7 @@ def route(pb, mp: Mapping) -> int:
         if w > 0 and h > 0:
             count += 1
             pb.route(x, y, w, h, color, rx, tx)
-    col = LineKind("column", n, COL, "r14")
-    row = LineKind("row", n, ROW, "r13")
+    col, row = line_kinds(n, mp.line_groups)
     seg = LineKind("row", geo.s, SEG, "r12")
     items = mp.items
     for k, it in enumerate(items):

@@ -71,6 +71,7 @@ def test_split_model_generates_the_ids_of_transformers(family, tmp_path):
     machine = load_machine("test64x2")
     program, report = compile_model(path, machine, max_context=16)
     _check_split(program, machine)
+    assert program.model.shape_only is False
     assert [w["layers"] for w in report.wafers] == [[a, a + n - 1] for a, n in
                                                     program.model.groups]
     program = loads(dumps(program))  # the split survives program.bin
@@ -187,3 +188,13 @@ def test_model_info_groups_are_validated(tmp_path):
             check_program(replace(program, model=replace(info, **bad)))
     one, _ = compile_model(folder, load_machine("test64"), dtype="bf16", shape_only=True)
     assert one.model.chips == 1 and one.model.groups == () and one.model.shape_only
+
+
+def test_every_target_records_shape_only(tmp_path):
+    """ModelInfo.shape_only is the compile's, whatever the mapping or target."""
+    folder = _folder(tmp_path, "m", SMALL)
+    for machine, mapping in (("test64", "chain"), ("test64", "wafer"), ("h100", None)):
+        program, _ = compile_model(folder, load_machine(machine), dtype="bf16", shape_only=True,
+                                   mapping=mapping)
+        assert program.model.shape_only is True, (machine, mapping)
+        assert loads(dumps(program)).model.shape_only is True
