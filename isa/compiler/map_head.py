@@ -18,11 +18,14 @@ from wse_emu.isa.compiler.placement import WEIGHT_BYTES
 BUDGET = 36 * 1024
 
 
-def columns(vocab: int, K: int, wbytes: int, exact: bool, at_least: int = 1) -> tuple[int, int]:
-    """(m, vb) with the fewest columns m >= at_least whose tile (vb x K) fits BUDGET; with
-    exact, m divides the vocabulary."""
+def columns(vocab: int, K: int, wbytes: int, exact: bool, at_least: int = 1,
+            seqs: int = 1) -> tuple[int, int]:
+    """(m, vb) with the fewest columns m >= at_least whose tile (vb x K) fits BUDGET (with
+    seqs > 1 sequences, beside the seqs rows of vb logits the root row keeps); with exact, m
+    divides the vocabulary."""
     from wse_emu.isa.compiler.decoder import divisors
-    need = max(at_least, -(-vocab * K * wbytes // BUDGET))
+    row = K * wbytes + (4 * seqs if seqs > 1 else 0)  # bytes a vocabulary entry takes a PE
+    need = max(at_least, -(-vocab * row // BUDGET))
     if exact:
         fits = [m for m in divisors(vocab) if m >= need]
         if not fits:

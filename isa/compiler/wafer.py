@@ -167,7 +167,7 @@ def _layer_sram(geo: Geometry, dtype: str, biases: bool, seqs: int = 1) -> int:
 
 
 def _arrange(dec: Decoder, geo: Geometry, machine, dtype: str, exact: bool,
-             costs: tuple | None = None) -> Mapping | None:
+             costs: tuple | None = None, seqs: int = 1) -> Mapping | None:
     """The placement of every grid for side n, or None when it does not fit. On a system of
     several wafers (machine.chips > 1) the layers are split into contiguous groups, one a
     wafer and every wafer used, the embedding on wafer 0 and the head on the last; each
@@ -182,7 +182,7 @@ def _arrange(dec: Decoder, geo: Geometry, machine, dtype: str, exact: bool,
         if m == 0:
             return None
         embed_cols.append((m, vb))
-    head = map_head.columns(dec.vocab, K, wb, exact, at_least=n)
+    head = map_head.columns(dec.vocab, K, wb, exact, at_least=n, seqs=seqs)
     if head[0] == 0:
         return None
     ew = sum(m for m, _ in embed_cols)
@@ -287,13 +287,14 @@ def choose(dec: Decoder, machine, dtype: str, exact: bool, grid: int | None = No
         need = _layer_sram(geo, dtype, biases, seqs)
         if need > machine.sram_bytes:
             continue
-        mp = _arrange(dec, geo, machine, dtype, exact)
+        mp = _arrange(dec, geo, machine, dtype, exact, seqs=seqs)
         if mp is None:
             continue
         forms = line_forms(dec, geo, machine, dtype)
         mp.line_groups, mp.seqs = forms, seqs
         if machine.chips > 1:  # again, with the groups balanced by the cost model
-            mp = _arrange(dec, geo, machine, dtype, exact, split_costs(mp, machine, dtype))
+            mp = _arrange(dec, geo, machine, dtype, exact, split_costs(mp, machine, dtype),
+                          seqs)
             mp.line_groups, mp.seqs = forms, seqs
         mp.predicted = predict(mp, machine, dtype)
         total = pipelined_cycles(mp.predicted, seqs)
@@ -334,12 +335,19 @@ def _refusal(dec, machine, dtype, exact, biases, sides, name, seqs: int = 1) -> 
     fitting = [n for n in sides
                if _layer_sram(geometry(dec, n), dtype, biases, seqs) <= machine.sram_bytes]
     caches = f" with {seqs} sequences' KV caches" if seqs > 1 else ""
+    fit = _fitting_context(dec, machine, dtype, exact, biases, sides, seqs)
+    if seqs > 1 and fit:  # the caches are what does not fit: a shorter context first
+        return (f"max_context {dec.max_context}{caches} does not fit machine "
+                f"'{machine.name}' ({machine.width} x {machine.height} PEs, "
+                f"{machine.sram_bytes} bytes each): max_context {fit} would fit "
+                f"(--max-context {fit}), or fewer sequences")
     if fitting and machine.kind == "mesh" and machine.link_bandwidth > 0:
         chip = machine.chip
         for chips in range(machine.chips + 1, MAX_CHIPS + 1):
             system = system_of(chip, chips)
             fits = [n for n in fitting
-                    if _arrange(dec, geometry(dec, n), system, dtype, exact) is not None]
+                    if _arrange(dec, geometry(dec, n), system, dtype, exact,
+                                seqs=seqs) is not None]
             if fits:
                 n = fits[0]
                 weights = _layer_weights(dec) * WEIGHT_BYTES[dtype]
@@ -350,17 +358,6 @@ def _refusal(dec, machine, dtype, exact, biases, sides, name, seqs: int = 1) -> 
                         f"'{machine.name}' is {machine.width} x {machine.height} "
                         f"({machine.pes} PEs); it would fit {chips} such wafers, its layers "
                         f"split between them")
-    fit = 0
-    for n in sides:
-        lo, hi = 0, dec.max_context
-        while lo < hi:  # the largest context whose layer fits SRAM
-            mid = (lo + hi + 1) // 2
-            if _layer_sram(geometry(dec, n, mid), dtype, biases, seqs) <= machine.sram_bytes:
-                lo = mid
-            else:
-                hi = mid - 1
-        if lo and _arrange(dec, geometry(dec, n, lo), machine, dtype, exact) is not None:
-            fit = max(fit, lo)
     if fit:
         return (f"max_context {dec.max_context}{caches} does not fit machine "
                 f"'{machine.name}' ({machine.width} x {machine.height} PEs, "
@@ -380,6 +377,24 @@ def _refusal(dec, machine, dtype, exact, biases, sides, name, seqs: int = 1) -> 
             f"{_layer_weights(dec) * WEIGHT_BYTES[dtype] / 1e9:.2f} GB of layer weights; "
             f"embedding and head more) but machine '{machine.name}' is {machine.width} x "
             f"{machine.height} ({have} PEs) and has no links to join more of it")
+
+
+def _fitting_context(dec, machine, dtype, exact, biases, sides, seqs: int) -> int:
+    """The largest max_context whose layer (seqs KV caches) fits SRAM and whose grids fit
+    the fabric; 0 when none."""
+    fit = 0
+    for n in sides:
+        lo, hi = 0, dec.max_context
+        while lo < hi:  # the largest context whose layer fits SRAM
+            mid = (lo + hi + 1) // 2
+            if _layer_sram(geometry(dec, n, mid), dtype, biases, seqs) <= machine.sram_bytes:
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo and _arrange(dec, geometry(dec, n, lo), machine, dtype, exact,
+                           seqs=seqs) is not None:
+            fit = max(fit, lo)
+    return fit
 
 
 def _layer_weights(dec) -> int:
