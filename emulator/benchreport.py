@@ -119,12 +119,13 @@ def markdown(suite: dict) -> str:
               "time); hottest link = its wavelets / cycles. Floors: HBM weights = weight bytes / "
               "peak HBM bandwidth, HBM moved = reported HBM bytes / peak, SIMD = FLOPs / peak, "
               "link = hottest link's wavelets / clock.", "", f"Batch: {meta['batch_sweep']}."]
-    predicted = [f"{c['model']} on {c['machine']}: predicted "
-                 f"{c['figures']['predicted_cycles_per_token']:,} cycles, emulated "
-                 f"{c['figures']['cycles_per_token']:,} (emulated / predicted "
-                 f"{c['figures']['cycles_per_token'] / c['figures']['predicted_cycles_per_token']:.2f})"
-                 for c in cases if c["status"] == "ok"
-                 and c["figures"].get("predicted_cycles_per_token")]
+    predicted = []
+    for c in cases:
+        f = c["figures"] if c["status"] == "ok" else {}
+        if f.get("predicted_cycles_per_token"):
+            want, got = f["predicted_cycles_per_token"], f["cycles_per_token"]
+            predicted.append(f"{c['model']} on {c['machine']}: predicted {want:,} cycles, "
+                             f"emulated {got:,} (emulated / predicted {got / want:.2f})")
     if predicted:
         lines += ["", "The compiler's cost model beside the emulator (cycles a token):", ""] + \
             [f"- {p}" for p in predicted]

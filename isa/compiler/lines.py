@@ -17,6 +17,12 @@ register (computed once at the region's start), and each allreduce branches on i
 seven short variants (left end, left relay even/odd, root, right relay even/odd, right end).
 The same structure as `isa.collectives` (chain form, root in the middle) but with run-time
 dispatch on a position register, so that code size does not grow with the line length.
+
+Two-phase form (LineKind.group = G > 0): on each side, chains inside groups of G PEs toward
+each group's root, then a chain over the group roots on colors the PEs between only pass
+through; the same five colors read as (intra0, intra1, inter0, inter1, bcast). Each PE's role
+(`role`) is computed once at the region's start (`setup_roles`) into a register, and every
+allreduce branches on its bits. `cycles(..., group=G)` prices it; `best_group` picks G.
 """
 
 from __future__ import annotations

@@ -198,3 +198,24 @@ def test_every_target_records_shape_only(tmp_path):
                                    mapping=mapping)
         assert program.model.shape_only is True, (machine, mapping)
         assert loads(dumps(program)).model.shape_only is True
+
+
+def test_generate_and_bench_put_the_prediction_beside_the_emulated_step(tmp_path):
+    """Generator.parts: every part's predicted and emulated cycles a step, the crossing with
+    the layer after it; the emulated parts add up to the step, the predicted to the model's
+    prediction (which bench reports too)."""
+    from wse_emu.emulator.benchsuite import predicted_cycles
+    from wse_emu.emulator.generate import Generator
+    folder = _folder(tmp_path, "m", SMALL)
+    machine = load_machine("test64x2")
+    program, report = compile_model(folder, machine, dtype="bf16", shape_only=True)
+    result = Generator(program, machine, timing_only=True).generate([3], 2, position=20)
+    first = program.model.groups[1][0]
+    assert f"crossing 0-1 + layer {first}" in result.parts
+    assert result.predicted_cycles == sum(report.predicted.values())
+    assert sum(p["predicted"] for p in result.parts.values()) == result.predicted_cycles
+    mean = sum(result.cycles_per_token) / len(result.cycles_per_token)  # (parts: a step's mean)
+    assert abs(sum(p["emulated"] for p in result.parts.values()) - mean) <= len(result.parts)
+    assert predicted_cycles(program)[0] == result.predicted_cycles
+    assert sum(predicted_cycles(program)[1]) == sum(
+        v for k, v in report.predicted.items() if k.startswith("layer "))
