@@ -18,7 +18,12 @@ block down its column to row r of the grid below, which multicasts it along its 
 
 Colors: 0-4 column allreduces, 5-9 row allreduces, 10-14 the KV heads' row segments, 15-16
 the hand-offs (alternating layer to layer), 17 the diagonal, 18 GPT-2's position embedding,
-19 the mask bus, 20 the RoPE bus, 21-22 the crossings between wafers (a system).
+19 the mask bus, 20 the RoPE bus, 21-22 the crossings between wafers (a system), 23 layer 0's
+ready wavelet to the embedding (several sequences).
+
+Sequences (sequences = B > 1): B KV caches a layer; every region loops over the B sequences
+with one loop body (_Emitter.loop), so that the layers' regions pipeline them (SEQ ..
+below; docs/compiler.md, "Sequences in flight").
 
 Systems. On a machine of several wafers (machine.chips > 1, wafer c holding rows
 [c H, (c + 1) H)) the layers are split into contiguous groups, one a wafer and every wafer
