@@ -72,7 +72,9 @@ def _floors_cell(case: dict) -> str:
 def markdown(suite: dict) -> str:
     """The suite as Markdown: results with their physics floors, comparison, host cost."""
     meta, cases = suite["meta"], suite["cases"]
-    lines = [f"Decode, batch 1, weights {meta['dtype']}, shape-only compile + timing-only run "
+    seqs = meta.get("sequences", 1)
+    flight = "batch 1" if seqs == 1 else f"{seqs} sequences in flight (tokens/s a sequence)"
+    lines = [f"Decode, {flight}, weights {meta['dtype']}, shape-only compile + timing-only run "
              f"({meta['date']}, {meta['host']})", ""]
     if meta.get("command"):
         lines += [f"Command: `{meta['command']}`", ""]
@@ -100,6 +102,14 @@ def markdown(suite: dict) -> str:
             f"{fmt_fraction(f['link_utilisation_max'])} | {_floors_cell(c)} |")
     if notes:
         lines += [""] + [f"[{i}] {n}" for i, n in enumerate(notes, 1)]
+    for c in cases:  # per-sequence against aggregate throughput, and the first token's wait
+        f = c["figures"]
+        if c["status"] == "ok" and "ttft_seconds" in f:
+            lines.append(f"- {c['model']} on {c['machine']}: {f.get('sequences', 1)} "
+                         f"sequence(s), {f['tokens_per_second']:,.0f} tokens/s a sequence, "
+                         f"{f.get('aggregate_tokens_per_second', f['tokens_per_second']):,.0f} "
+                         f"aggregate; first token of a {f['ttft_prompt_tokens']}-token prompt "
+                         f"{fmt_seconds(f['ttft_seconds'])}")
     lines += ["", "Columns: context = the largest KV-cache length of "
               f"{', '.join(map(str, CONTEXT_LADDER))} that "
               "compiles for the machine; position = the decoded position (the same on every "

@@ -35,9 +35,12 @@ work. The step runs with `n_past` set to that position on an empty cache: timing
 depends on data values (docs/timing-model.md), so the cycles equal those of a sequence
 prefilled up to it, without emulating the prefill.
 
-Batch: the compiled programs run one position of one sequence (input_ids is (1,)); batch > 1
-is not supported by this compiler yet, and the suite says so rather than scaling batch-1
-numbers.
+Sequences (--sequences B): on the wafer mapping a step carries one token of each of B
+independent sequences, pipelined through the layers' regions; tokens/s is a sequence's (one
+token a step), the aggregate B times that, FLOPs and the SIMD floor count the B tokens of the
+step, and the time to first token of a prompt of position + 1 tokens is that many steps (a
+wafer-mapped step costs the same at every position). The HBM target does not batch yet: its
+cases are recorded as not compiled, with that reason.
 """
 
 from __future__ import annotations
@@ -78,8 +81,16 @@ DEFAULT_MACHINES = ("wse3", "h100")
 CONTEXT_LADDER = (1024, 256, 64, 32, 16)  # tried largest first when --max-context is not given
 DTYPE_BYTES = {a: FLOAT_BYTES[n] for a, n in FLOAT_ALIASES.items()}  # every spelling -> bytes
 TOKEN_ID = 1  # the token fed to the measured decode step (timing does not depend on it)
-BATCH_NOTE = ("batch 1 only: the compiled programs run one position of one sequence a run "
-              "(input_ids is (1,)); batch > 1 is not supported by this compiler yet")
+BATCH_NOTE = ("one sequence: the programs run one position of one sequence a run (input_ids "
+              "is (1,)); --sequences B keeps B sequences in flight on the wafer mapping")
+
+
+def sequences_note(sequences: int) -> str:
+    if sequences == 1:
+        return BATCH_NOTE
+    return (f"{sequences} sequences in flight: a step carries one token of each, pipelined "
+            f"through the wafer mapping's regions; tokens/s is a sequence's, aggregate = "
+            f"{sequences} x that; the HBM target does not batch yet")
 
 
 class BenchError(ValueError):
@@ -225,6 +236,7 @@ class Case:
     reason: str = ""  # the one-line reason when not ok
     max_context: int | None = None
     position: int | None = None
+    sequences: int = 1  # sequences in flight: a step carries one token of each
     pes: int | None = None  # cores the program occupies
     figures: dict = field(default_factory=dict)  # every number, see measure()
     checks: list = field(default_factory=list)  # (name, floor seconds, ok)
@@ -242,17 +254,21 @@ class Case:
         return dict(self.__dict__)
 
 
-def compile_case(spec: ModelSpec, machine, dtype: str, max_context: int | None):
+def compile_case(spec: ModelSpec, machine, dtype: str, max_context: int | None,
+                 sequences: int = 1):
     """(program, report, context) at the largest context of the ladder that compiles (only
     `max_context` when given); (None, reason, None) with the compiler's last refusal."""
     from wse_emu.isa.compiler.lower import CompileError
     from wse_emu.isa.compiler.pipeline import compile_model
 
     reason = ""
+    if sequences > 1 and is_hbm(machine):
+        return None, (f"--sequences {sequences}: the HBM target runs one sequence (a batched "
+                      f"step is not implemented yet)"), None
     for ctx in (max_context,) if max_context else CONTEXT_LADDER:
         try:
             program, report = compile_model(spec.folder, machine, dtype=dtype, max_context=ctx,
-                                             shape_only=True)
+                                             shape_only=True, sequences=sequences)
             return program, report, ctx
         except CompileError as e:
             reason = f"max_context {ctx}: {spec.tell(str(e))}"  # a shorter context may fit
@@ -306,7 +322,8 @@ def measure(case: Case, figures: ModelFigures, machine, dtype: str, result,
 
     cycles = int(result.cycles)
     seconds = cycles / machine.clock_hz
-    flops = figures.flops(case.position)
+    seqs = case.sequences
+    flops = figures.flops(case.position) * seqs  # a step: one token of each sequence
     wbytes = figures.weight_bytes(dtype)
     hbm_read = int(getattr(result, "hbm_read_bytes", 0) or 0)
     hbm_write = int(getattr(result, "hbm_write_bytes", 0) or 0)
@@ -321,13 +338,16 @@ def measure(case: Case, figures: ModelFigures, machine, dtype: str, result,
     case.figures = {
         "cycles_per_token": cycles,
         "seconds_per_token": seconds,
-        "tokens_per_second": 1.0 / seconds,
+        "tokens_per_second": 1.0 / seconds,  # a sequence's: one token a step
+        "sequences": seqs,
+        "aggregate_tokens_per_second": seqs / seconds,
         "seconds_per_layer": sum(layer_s) / len(layer_s) if layer_s else seconds / figures.layers,
         "layer_time_measured": bool(layer_s),
         "layer_seconds": layer_s,
         "critical_path_seconds": by_part,
         "params": figures.params,
-        "flops_per_token": flops,
+        "flops_per_token": flops / seqs,
+        "flops_per_step": flops,
         "weight_bytes_per_token": wbytes,
         "hbm_read_bytes_per_token": hbm_read,
         "hbm_write_bytes_per_token": hbm_write,
@@ -380,6 +400,10 @@ def run_case(case: Case, machine, dtype: str, program, position: int, figures: M
     layer_s, by_part = critical_path(result, stage_of_pe(program, gen.loaded.pe_region), stages,
                                      figures.layers, machine.clock_hz)
     measure(case, figures, machine, dtype, result, layer_s, by_part)
+    if program.model is not None and program.model.mapping == "wafer":
+        # a prompt of position + 1 tokens: that many steps, each the measured step's cycles
+        case.figures["ttft_prompt_tokens"] = position + 1
+        case.figures["ttft_seconds"] = (position + 1) * case.figures["seconds_per_token"]
     predicted = predicted_cycles(program)
     if predicted:  # the compiler's cost model beside the emulated step, and per layer
         case.figures["predicted_cycles_per_token"] = predicted[0]
@@ -390,6 +414,8 @@ def run_case(case: Case, machine, dtype: str, program, position: int, figures: M
 def predicted_cycles(program):
     """(cycles a decode step, [cycles of each layer]) by the compiler's cost model, from the
     program's ModelInfo (its parts and the crossings between wafers), or None without one."""
+    from wse_emu.isa.compiler.predict import pipelined_cycles
+
     m = program.model
     if m is None or not any(p.predicted_cycles for p in m.parts):
         return None
@@ -397,21 +423,23 @@ def predicted_cycles(program):
     for p in m.parts:
         if 0 <= p.layer < m.layers:
             per_layer[p.layer] += p.predicted_cycles
-    return sum(p.predicted_cycles for p in m.parts) + sum(m.crossing_cycles), per_layer
+    parts = {p.name: p.predicted_cycles for p in m.parts}
+    parts.update({f"crossing {c}-{c + 1}": v for c, v in enumerate(m.crossing_cycles)})
+    return pipelined_cycles(parts, m.sequences), per_layer
 
 
 def run_model(spec: ModelSpec, machines, dtype: str, max_context: int | None,
-              position: int | None, tick) -> list[Case]:
+              position: int | None, tick, sequences: int = 1) -> list[Case]:
     """The cases of one model: compile for every machine, then decode the same position."""
     from wse_emu.isa.compiler.lower import CompileError
     from wse_emu.isa.compiler.pipeline import load_graph
 
     cases, compiled = [], {}
     for m in machines:
-        case = Case(spec.name, m.name)
+        case = Case(spec.name, m.name, sequences=sequences)
         tick.show(case, "compiling")
         t0 = time.perf_counter()
-        program, report, ctx = compile_case(spec, m, dtype, max_context)
+        program, report, ctx = compile_case(spec, m, dtype, max_context, sequences)
         case.host["compile_seconds"] = time.perf_counter() - t0
         case.host["peak_rss_bytes"] = peak_rss_bytes()
         if program is None:
@@ -449,7 +477,8 @@ def run_model(spec: ModelSpec, machines, dtype: str, max_context: int | None,
 
 
 def run_suite(models, machines, dtype: str = "bf16", max_context: int | None = None,
-              position: int | None = None, progress=None, command: str = "") -> dict:
+              position: int | None = None, progress=None, command: str = "",
+              sequences: int = 1) -> dict:
     """Every model on every machine: the JSON-able suite {"meta": ..., "cases": [...]}.
 
     models: built-in names or HF config.json paths; machines: preset names, files or Machine
@@ -467,7 +496,8 @@ def run_suite(models, machines, dtype: str = "bf16", max_context: int | None = N
         specs = model_specs(models, Path(workdir))
         tick = _Ticker(progress, 2 * len(specs) * len(machines))  # compile + run a case
         for spec in specs:
-            for case in run_model(spec, machines, dtype, max_context, position, tick):
+            for case in run_model(spec, machines, dtype, max_context, position, tick,
+                                  sequences):
                 case.host["case_seconds"] = sum(v for k, v in case.host.items()
                                                 if k.endswith("_seconds"))
                 cases.append(case)
@@ -477,7 +507,8 @@ def run_suite(models, machines, dtype: str = "bf16", max_context: int | None = N
                          f"{platform.python_version()}",
                  "host_seconds": time.perf_counter() - t_start,
                  "peak_rss_bytes": peak_rss_bytes(),
-                 "token_id": TOKEN_ID, "batch": 1, "batch_sweep": BATCH_NOTE,
+                 "token_id": TOKEN_ID, "batch": 1, "sequences": sequences,
+                 "batch_sweep": sequences_note(sequences),
                  "machines": [machine_json(m) for m in machines]},
         "cases": [c.to_json() for c in cases],
     }

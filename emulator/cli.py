@@ -530,8 +530,12 @@ def run(binary, machine_name, inputs, dump_dir, as_json, trace_path, trace_cap, 
 @click.option("--dump", multiple=True, metavar="PASS",
               help="print the state after a pass: graph, stages, placement, routes")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
+@click.option("--sequences", type=click.IntRange(min=1), default=1, show_default=True,
+              help="independent sequences in flight (wafer mapping): a KV cache each, one "
+                   "token of each a step, pipelined through the layers' regions")
 @user_errors
-def compile_cmd(model, output, machine_name, dtype, max_context, shape_only, dump, as_json):
+def compile_cmd(model, output, machine_name, dtype, max_context, shape_only, dump, as_json,
+                sequences):
     """Compile MODEL (an HF folder with config.json + model.safetensors, its config.json, or a
     *.graph.json)."""
     from wse_emu.isa.machine import load_machine
@@ -546,7 +550,8 @@ def compile_cmd(model, output, machine_name, dtype, max_context, shape_only, dum
         dtype = checkpoint_dtype(model, shape_only) or "fp32"
     base = os.path.dirname(os.path.abspath(output))
     program, rep = compile_model(model, machine, dtype=dtype, max_context=max_context,
-                                 shape_only=shape_only, dump=tuple(dump), base_dir=base)
+                                 shape_only=shape_only, dump=tuple(dump), base_dir=base,
+                                 sequences=sequences)
     write_with(output, lambda p: write_program(program, p))
     click.echo(json.dumps(rep.to_json(), indent=1) if as_json else str(rep))
     click.echo(f"wrote {output}", err=True)
@@ -566,8 +571,10 @@ def parse_ids(text: str, what: str) -> list[int]:
 
 @main.command()
 @click.argument("binary", type=click.Path(dir_okay=False))
-@click.option("--prompt-ids", metavar="1,2,3",
-              help="prompt token ids (required unless --timing-only --position)")
+@click.option("--prompt-ids", metavar="1,2,3", multiple=True,
+              help="prompt token ids (required unless --timing-only --position); with several "
+                   "sequences give it once (every sequence starts from that prompt) or once a "
+                   "sequence, in order")
 @click.option("--tokens", type=click.IntRange(min=1), default=8, show_default=True,
               help="tokens to generate (greedy)")
 @click.option("--machine", "machine_name", metavar="PRESET",
@@ -584,16 +591,21 @@ def parse_ids(text: str, what: str) -> list[int]:
               help="with --timing-only: decode from position N on an empty cache, without "
                    "emulating a prefill (timing never depends on the cached values); a prompt, "
                    "if given, is not run, its last id is the token fed")
+@click.option("--sequences", type=click.IntRange(min=1), metavar="B",
+              help="independent sequences in flight, each with its own KV cache and position: "
+                   "the program must be compiled with `compile --sequences B` (wafer mapping) "
+                   "[default: the program's]")
 @user_errors
 def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timing_only,
-             decode_token, position):
+             decode_token, position, sequences):
     """Greedy generation with a compiled decoder, one emulated decode step per token."""
     from wse_emu.emulator.generate import Generator
     from wse_emu.emulator.load import base_dir_of, check_runnable
     from wse_emu.emulator.progress import Bar
     from wse_emu.isa.binfmt import read_program
 
-    ids = parse_ids(prompt_ids, "--prompt-ids") if prompt_ids is not None else []
+    prompts = [parse_ids(p, "--prompt-ids") for p in prompt_ids]
+    ids = prompts[0] if prompts else []
     if position is not None and not timing_only:
         raise UserError("--position needs --timing-only (a functional run must compute the "
                         "cache of every earlier position: give the prompt instead)")
@@ -606,20 +618,38 @@ def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timin
                         "greedy tokens)")
     program = read_program(binary)
     check_runnable(program, timing_only, binary)
+    compiled = program.model.sequences if program.model is not None else 1
+    hbm = program.model is not None and program.model.target == "hbm"
+    if sequences is not None and sequences > 1 and hbm:
+        raise UserError(f"--sequences {sequences}: {binary} is an HBM-target program, which "
+                        f"runs one sequence (batching several is not implemented yet)")
+    if sequences is not None and sequences != compiled:
+        raise UserError(f"--sequences {sequences}: {binary} was compiled for {compiled} "
+                        f"sequence{'s' if compiled > 1 else ''} (compile it with --sequences "
+                        f"{sequences})")
+    if len(prompts) > 1 and len(prompts) != compiled:
+        raise UserError(f"--prompt-ids given {len(prompts)} times for {compiled} "
+                        f"sequence{'s' if compiled > 1 else ''}: give it once (every sequence "
+                        f"starts from it) or once a sequence")
     machine = resolve_machine(program, machine_name, binary)
     show = chatty(as_json)
     with numba_notice(show):
         gen = Generator(program, machine, base_dir=base_dir_of(binary),
                         engine="reference" if reference else "core", timing_only=timing_only)
-        gen.check_capacity(len(ids), tokens, position)
-        bar = Bar((len(ids) if position is None else 1) + tokens - 1, "emulated runs", show)
+        for p in prompts or [[]]:
+            gen.check_capacity(len(p), tokens, position)
+        longest = max((len(p) for p in prompts), default=0)
+        bar = Bar((longest if position is None else 1) + tokens - 1, "emulated runs", show)
         try:
-            res = gen.generate(ids, tokens, decode_token=decode_token, position=position,
-                               on_step=bar.step)
+            res = gen.generate(prompts if compiled > 1 else ids, tokens,
+                               decode_token=decode_token, position=position, on_step=bar.step)
         finally:
             bar.clear()
     if as_json:
         click.echo(json.dumps(res.to_json(), indent=1))
+        return
+    if compiled > 1:
+        _print_sequences(res, gen, tokens, position, timing_only)
         return
     if timing_only:
         where = (f"from position {position} (no prefill emulated)" if position is not None
@@ -641,9 +671,48 @@ def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timin
                    "last PE halts, minus the part before)")
         for part, c in res.parts.items():
             click.echo(f"  {part:<24}  {c['predicted']:>10,} {c['emulated']:>10,}")
+    _print_ttft(res)
     click.echo("per token       compute / waiting for wavelets / backpressure cycles (summed over PEs)")
     for part, c in res.per_layer.items():
         click.echo(f"  {part:<12}  {c['compute']:>12,} {c['fabric']:>12,} {c['stall']:>10,}")
+
+
+def _print_ttft(res) -> None:
+    """The time to first token of each distinct prompt length of a generate result."""
+    seen = {}
+    for length, t in zip(res.ttft_prompt_lengths, res.ttft_seconds):
+        seen.setdefault(length, t)
+    for length, t in seen.items():
+        how = ("emulated" if res.start_position is None else
+               f"{length} runs of the measured step's cycles")
+        click.echo(f"first token     {t * 1e3:.3f} ms for a prompt of {length} token"
+                   f"{'s' if length > 1 else ''} ({how})")
+
+
+def _print_sequences(res, gen, tokens: int, position, timing_only: bool) -> None:
+    """generate's text output for a program of several sequences in flight."""
+    B = res.sequences
+    if timing_only:
+        where = (f"from position {position} (no prefill emulated)" if position is not None
+                 else "after the prompts")
+        click.echo(f"timing only     {B} sequences x {tokens} decode steps {where} (no values "
+                   f"are computed; every sequence fed token {res.decode_token})")
+    else:
+        for s, ids in enumerate(res.ids_per_sequence):
+            click.echo(f"sequence {s:<6} {','.join(map(str, ids))}")
+    mean = sum(res.cycles_per_token) / len(res.cycles_per_token)
+    click.echo(f"emulated        {mean:,.0f} cycles a step of {B} sequences "
+               f"({res.seconds_per_token * 1e6:.2f} us) on {gen.machine.name}")
+    click.echo(f"tokens/s        {res.tokens_per_second:,.0f} a sequence, "
+               f"{res.aggregate_tokens_per_second:,.0f} aggregate ({B} sequences, a token of "
+               f"each a step)")
+    if res.predicted_cycles:
+        click.echo(f"predicted       {res.predicted_cycles:,} cycles a step by the compiler's cost "
+                   f"model, pipelined over the sequences (emulated / predicted "
+                   f"{mean / res.predicted_cycles:.2f})")
+    click.echo(f"cycles/step     {', '.join(f'{c:,}' for c in res.cycles_per_token)}")
+    _print_ttft(res)
+    click.echo(f"host            {res.host_seconds:.2f} s")
 
 
 @main.command()
@@ -696,9 +765,14 @@ def _names(values: tuple[str, ...]) -> list[str]:
               help="KV-cache positions [default: the largest of 1024, 256, 64, 32, 16 that fits]")
 @click.option("--position", type=click.IntRange(min=0),
               help="decode position [default: the last the smallest context of a model holds]")
+@click.option("--sequences", type=click.IntRange(min=1), default=1, show_default=True,
+              metavar="B", help="sequences in flight on the wafer mapping (a KV cache each, a "
+                                "token of each a step): tokens/s a sequence and aggregate; HBM "
+                                "machines run one (their cases say so)")
 @user_errors
-def bench(models, machines, outdir, dtype, max_context, position):
-    """Batch-1 decode of every model on every machine (shape-only, timing-only).
+def bench(models, machines, outdir, dtype, max_context, position, sequences):
+    """Decode of every model on every machine (shape-only, timing-only): one sequence, or
+    --sequences B in flight.
 
     Writes OUTDIR/bench.md (the table), bench.json, tokens_per_second.png and a roofline PNG a
     machine; prints the table. Each result shows the physics floors it must respect; a result
@@ -715,12 +789,15 @@ def bench(models, machines, outdir, dtype, max_context, position):
         command += f" --max-context {max_context}"
     if position is not None:
         command += f" --position {position}"
+    if sequences > 1:
+        command += f" --sequences {sequences}"
     writable(outdir, folder=True)
     progress = bench_progress()
     try:
         with numba_notice(sys.stderr.isatty()):
             suite = run_suite(models, machines, dtype=dtype, max_context=max_context,
-                              position=position, progress=progress, command=command)
+                              position=position, progress=progress, command=command,
+                              sequences=sequences)
     except BenchError as e:
         raise UserError(str(e)) from None
     finally:

@@ -8,6 +8,14 @@ PEs appended to are there for the next run. Prefill feeds the prompt token by to
 Timing-only (`timing_only=True`, e.g. a `--shape-only` compile at full size): the same runs
 without SRAM contents, so there are no logits to sample from: every decode step is fed a given
 token id (`decode_token`, default the prompt's last) and the result reports cycles only.
+
+Several sequences (a program compiled with `--sequences B`): a run takes one token of each of
+B independent sequences (input_ids and position_ids of B values, logits B x vocab), each at
+its own position with its own KV cache. Every run advances every sequence: a sequence feeds
+its next prompt token, then its own greedy tokens; one that has all its tokens repeats its
+last token at its last position (which rewrites that cache slot with the same values), so the
+others go on. A sequence gets one token a run: its tokens/s is clock / cycles a run, the
+aggregate B times that.
 """
 
 from __future__ import annotations
@@ -47,11 +55,21 @@ class GenerateResult:
     note: str = ""  # what a timing-only result does not contain, in words
     start_position: int | None = None  # timing-only: the first decode step's (no prefill run)
     # the compiler's cost model beside the emulator: predicted cycles of a decode step (0: the
-    # program has no prediction), and per part ("embed", "layer i", "crossing c-c+1", "head")
-    # {"predicted", "emulated"} cycles a step, emulated as when the part's last PE halted minus
-    # when the part before it ended (the wafer mapping's parts run one after the other)
+    # program has no prediction; several sequences: the pipelined step of all of them), and
+    # per part ("embed", "layer i", "crossing c-c+1", "head") {"predicted", "emulated"}
+    # cycles a step, emulated as when the part's last PE halted minus when the part before it
+    # ended (the wafer mapping's parts run one after the other; with several sequences, the
+    # last sequence's pass)
     predicted_cycles: int = 0
     parts: dict = field(default_factory=dict)
+    sequences: int = 1  # sequences in flight (a run takes one token of each)
+    ids_per_sequence: list = field(default_factory=list)  # every sequence's generated ids
+    aggregate_tokens_per_second: float = 0.0  # sequences x tokens_per_second
+    # time to first token of each sequence's prompt: the runs up to and including the one that
+    # gives its first generated token's logits (timing-only with a position P: P + 1 runs of
+    # the measured run's cycles, which a wafer-mapped step takes at every position)
+    ttft_seconds: list = field(default_factory=list)
+    ttft_prompt_lengths: list = field(default_factory=list)  # the prompts those are for
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -68,10 +86,14 @@ class Generator:
         if info is None or "logits" not in outputs:
             raise LoadError(f"program '{program.name}' is not a compiled decoder (it needs "
                             f"compiler metadata and a 'logits' output)")
+        self.sequences = program.model.sequences if program.model is not None else 1
         shape = next(s.shape for s in program.symbols if s.name == "input_ids")
-        if tuple(shape) != (1,):
+        if tuple(shape) != (self.sequences,):
             raise LoadError(f"program '{program.name}' runs {shape[0]} positions a run; the "
                             f"decode loop needs one (compile with positions=1)")
+        if self.sequences > 1 and info.get("target") == "hbm":
+            raise LoadError(f"program '{program.name}': several sequences on the HBM target "
+                            f"are not implemented (it would batch them)")
         self.program = program
         self.max_context = int(info["max_context"])
         self.layers = int(info["layers"])
@@ -84,7 +106,8 @@ class Generator:
         self._run = engine_run(engine)
         self._layer_of_pe = self._pe_layers(info)
         self._timed_parts = self._parts_in_series(program)
-        self.n_past = 0
+        self.n_past = 0  # one sequence: its cached positions
+        self.positions = np.zeros(self.sequences, dtype=np.int64)  # every sequence's
         self.last_result = None
 
     def _pe_layers(self, info) -> np.ndarray:
@@ -136,10 +159,49 @@ class Generator:
         self._initial.restore(self.loaded.sram)
         self._known.restore(self.loaded.unknown)
         self.n_past = 0
+        self.positions[:] = 0
+
+    def step_all(self, token_ids, positions) -> np.ndarray | None:
+        """One run of a program of B sequences: sequence s appends token_ids[s] at
+        positions[s]; the logits (B, vocab) fp32 (None when timing-only). The host keeps the
+        positions (a sequence may repeat its last one: see the module docstring)."""
+        B = self.sequences
+        ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+        pos = np.asarray(positions, dtype=np.int64).reshape(-1)
+        if ids.size != B or pos.size != B:
+            raise LoadError(f"the program runs {B} sequences: give {B} token ids and {B} "
+                            f"positions, got {ids.size} and {pos.size}")
+        for s in range(B):
+            if not 0 <= pos[s] < self.max_context:
+                raise LoadError(f"KV cache full: sequence {s} at position {pos[s]}, "
+                                f"max_context {self.max_context} (compile with a larger "
+                                f"--max-context)")
+            if not 0 <= ids[s] < self.vocab:
+                raise LoadError(f"token id {ids[s]} is outside the vocabulary "
+                                f"(0..{self.vocab - 1})")
+        write_input(self.loaded, "input_ids", ids.astype(np.int32))
+        write_input(self.loaded, "position_ids", pos.astype(np.int32))
+        result = self._run(self.loaded, progress=_ignore)
+        if result.outcome != RUN_HALTED:
+            raise LoadError(f"run for positions {pos.tolist()} did not finish: "
+                            f"{result.outcome_name} at cycle {result.cycles}")
+        self.last_result = result
+        self.positions = np.maximum(self.positions, pos + 1)
+        if self.timing_only:
+            return None
+        return read_output(self.loaded, "logits").reshape(B, -1)
 
     def step(self, token_id: int) -> np.ndarray | None:
         """Append one token at the next position; its logits (vocab,) fp32 (None when
-        timing-only: the cycles are in last_result)."""
+        timing-only: the cycles are in last_result). A program of several sequences: every
+        sequence gets token_id at position n_past (generate() gives each its own)."""
+        if self.sequences > 1:
+            if self.n_past >= self.max_context:
+                raise LoadError(f"KV cache full: {self.n_past} positions cached, max_context "
+                                f"{self.max_context} (compile with a larger --max-context)")
+            out = self.step_all([int(token_id)] * self.sequences, [self.n_past] * self.sequences)
+            self.n_past += 1
+            return None if out is None else out[0]
         if self.n_past >= self.max_context:
             raise LoadError(f"KV cache full: {self.n_past} positions cached, max_context "
                             f"{self.max_context} (compile with a larger --max-context)")
@@ -196,8 +258,14 @@ class Generator:
         ids. `position` (timing-only): the first decode step runs at that position on an
         empty cache, without a prefill (timing never depends on the cached values; prompt_ids
         may then be empty). Everything is checked before the first run (ids, KV capacity).
-        on_step() is called after every emulated run (a progress bar)."""
+        on_step() is called after every emulated run (a progress bar).
+
+        A program of B sequences: prompt_ids is one prompt (every sequence starts from it) or
+        B prompts; the result has every sequence's ids (ids_per_sequence; generated_ids is
+        sequence 0's) and cycles_per_token the runs from the longest prompt's last on."""
         t0 = time.perf_counter()
+        if self.sequences > 1:
+            return self._generate_many(prompt_ids, n, decode_token, position, on_step, t0)
         ids = [int(i) for i in prompt_ids]
         if n < 1:
             raise LoadError("generate needs n >= 1 tokens")
@@ -251,16 +319,132 @@ class Generator:
         if self.timing_only:
             note = (f"timing-only: no values are computed, so no token can be sampled; each of "
                     f"the {n} decode steps was fed token {decode_token}")
+        if position is None:
+            ttft, lengths = [(prefill_cycles + cycles[0]) / self.machine.clock_hz], [len(ids)]
+        else:
+            ttft, lengths = self._ttft_estimate(position, cycles[0])
+        return GenerateResult(out, cycles, spt, 1.0 / spt, time.perf_counter() - t0,
+                              int(prefill_cycles), per_layer, self.timing_only,
+                              "timing-only" if self.timing_only else "functional",
+                              decode_token if self.timing_only else None, note, position,
+                              predicted_cycles=self.predicted_cycles(),
+                              parts=self._parts_result(timed, n), sequences=1,
+                              ids_per_sequence=[out], aggregate_tokens_per_second=1.0 / spt,
+                              ttft_seconds=ttft, ttft_prompt_lengths=lengths)
+
+    def predicted_cycles(self) -> int:
+        """The compiler's predicted cycles of a run: the wafer mapping's parts in series (one
+        sequence) or pipelined over the sequences (isa.compiler.predict.pipelined_cycles); 0
+        for programs without a prediction."""
+        from wse_emu.isa.compiler.predict import pipelined_cycles
+
+        return pipelined_cycles({name: c for name, c, _ in self._timed_parts}, self.sequences)
+
+    def _parts_result(self, timed: dict, n: int) -> dict:
         predicted = {name: c for name, c, _ in self._timed_parts}
         parts = {}
         for key, total in timed.items():  # "crossing c-c+1 + layer i": both predictions
             parts[key] = {"predicted": sum(predicted[k] for k in key.split(" + ")),
                           "emulated": int(total // n)}
-        return GenerateResult(out, cycles, spt, 1.0 / spt, time.perf_counter() - t0,
-                              int(prefill_cycles), per_layer, self.timing_only,
+        return parts
+
+    def _ttft_estimate(self, position: int, cycles: int) -> tuple[list, list]:
+        """Timing-only from `position` P: a prompt of P + 1 tokens takes P + 1 runs, each the
+        measured run's cycles on the wafer mapping (its step costs the same at every
+        position); nothing for other mappings (their step grows with the position)."""
+        m = self.program.model
+        if m is None or m.mapping != "wafer":
+            return [], []
+        t = (position + 1) * cycles / self.machine.clock_hz
+        return [t] * self.sequences, [position + 1] * self.sequences
+
+    def _generate_many(self, prompt_ids, n: int, decode_token, position, on_step,
+                       t0: float) -> GenerateResult:
+        """generate() for a program of B > 1 sequences (module docstring)."""
+        B = self.sequences
+        prompts = list(prompt_ids)
+        if prompts and all(isinstance(p, (list, tuple, np.ndarray)) for p in prompts):
+            prompts = [[int(i) for i in p] for p in prompts]
+        else:
+            prompts = [[int(i) for i in prompts]] * B
+        if len(prompts) == 1:
+            prompts = prompts * B
+        if len(prompts) != B:
+            raise LoadError(f"the program runs {B} sequences: give one prompt (used for all) "
+                            f"or {B} prompts, got {len(prompts)}")
+        if n < 1:
+            raise LoadError("generate needs n >= 1 tokens")
+        if position is not None and not self.timing_only:
+            raise LoadError("a start position is only given in timing-only mode (a functional "
+                            "run computes the cache of every earlier position)")
+        if decode_token is not None and not self.timing_only:
+            raise LoadError("a decode token is only given in timing-only mode (a functional "
+                            "run decodes its own greedy tokens)")
+        if position is None and any(not p for p in prompts):
+            raise LoadError("generate needs at least one prompt token for every sequence")
+        if self.timing_only and decode_token is None:
+            decode_token = prompts[0][-1] if prompts[0] else 0
+        for tok in [t for p in prompts for t in p] + ([decode_token] if self.timing_only
+                                                      else []):
+            if not 0 <= tok < self.vocab:
+                raise LoadError(f"token id {tok} is outside the vocabulary (0..{self.vocab - 1})")
+        for p in prompts:
+            self.check_capacity(len(p), n, position)
+        self.reset()
+        tick = on_step or _ignore
+        lengths = [1] * B if position is not None else [len(p) for p in prompts]
+        first = max(lengths) - 1  # the first run every sequence decodes in
+        out: list[list[int]] = [[] for _ in range(B)]
+        run_cycles, totals, timed = [], {}, {}
+        for t in range(first + n):
+            toks, pos = [], []
+            for s in range(B):
+                k = min(t, lengths[s] + n - 2)  # a sequence with all its tokens repeats
+                if position is not None:
+                    toks.append(decode_token)
+                    pos.append(position + k)
+                elif k < lengths[s]:
+                    toks.append(prompts[s][k])
+                    pos.append(k)
+                else:
+                    toks.append(decode_token if self.timing_only else out[s][k - lengths[s]])
+                    pos.append(k)
+            logits = self.step_all(toks, pos)
+            tick()
+            run_cycles.append(int(self.last_result.cycles))
+            if t >= first:
+                self._account(totals)
+                if self._timed_parts:
+                    self._time_parts(timed)
+            if logits is not None:
+                for s in range(B):
+                    if lengths[s] - 1 <= t <= lengths[s] + n - 2:
+                        out[s].append(int(np.argmax(logits[s])))
+        cycles = run_cycles[first:]
+        clock = self.machine.clock_hz
+        spt = float(np.mean(cycles)) / clock
+        per_layer = {self._layer_name(k): {"compute": int(v[0] // n), "fabric": int(v[1] // n),
+                                           "stall": int(v[2] // n)}
+                     for k, v in sorted(totals.items())}
+        if position is None:
+            ttft = [sum(run_cycles[:lengths[s]]) / clock for s in range(B)]
+            ttft_lengths = lengths
+        else:
+            ttft, ttft_lengths = self._ttft_estimate(position, cycles[0])
+        note = ""
+        if self.timing_only:
+            note = (f"timing-only: no values are computed, so no token can be sampled; each of "
+                    f"the {B} sequences was fed token {decode_token} at every decode step")
+        return GenerateResult(out[0] if not self.timing_only else [], cycles, spt, 1.0 / spt,
+                              time.perf_counter() - t0, int(sum(run_cycles[:first])),
+                              per_layer, self.timing_only,
                               "timing-only" if self.timing_only else "functional",
                               decode_token if self.timing_only else None, note, position,
-                              sum(predicted.values()), parts)
+                              predicted_cycles=self.predicted_cycles(),
+                              parts=self._parts_result(timed, n), sequences=B,
+                              ids_per_sequence=out if not self.timing_only else [],
+                              aggregate_tokens_per_second=B / spt, ttft_seconds=ttft,
+                              ttft_prompt_lengths=ttft_lengths)
 
     def _layer_name(self, layer: int) -> str:
         if layer == KERNEL:

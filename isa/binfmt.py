@@ -445,7 +445,7 @@ def _loads(blob: bytes) -> Program:
 
 _MODEL_KEYS = {"family", "target", "mapping", "machine", "dtype", "layers", "hidden", "vocab",
                "max_context", "positions", "parts", "shape_only", "chips", "groups",
-               "crossing_cycles"}
+               "crossing_cycles", "sequences"}
 
 
 def _model_json(model: ModelInfo | None):
@@ -465,7 +465,8 @@ def _read_model(doc) -> ModelInfo | None:
     s = _Schema("META")
     if isinstance(doc, dict):  # files written before the optional keys existed lack them
         doc = {**{k: v for k, v in (("shape_only", False), ("chips", 1), ("groups", []),
-                                    ("crossing_cycles", [])) if k not in doc}, **doc}
+                                    ("crossing_cycles", []), ("sequences", 1))
+                  if k not in doc}, **doc}
     d = s.dict(doc, "model", _MODEL_KEYS)
     for k in ("family", "target", "mapping", "machine", "dtype"):
         s.str(d[k], k)
@@ -480,7 +481,7 @@ def _read_model(doc) -> ModelInfo | None:
     crossings = tuple(s.int(v, f"crossing_cycles[{i}]")
                       for i, v in enumerate(s.list(d["crossing_cycles"], "crossing_cycles")))
     ints = {k: s.int(d[k], k) for k in ("layers", "hidden", "vocab", "max_context",
-                                        "positions")}
+                                        "positions", "sequences")}
     parts = []
     for i, p in enumerate(s.list(d["parts"], "parts")):
         q = s.dict(p, f"parts[{i}]", {"name", "layer", "regions", "predicted_cycles"})

@@ -280,6 +280,9 @@ class ModelInfo:
     # and covering every layer in order; () when one chip holds every layer
     groups: tuple[tuple[int, int], ...] = ()
     crossing_cycles: tuple[int, ...] = ()  # predicted cycles of each crossing c -> c + 1
+    # independent sequences in flight: B KV caches; a run takes one token of each (input_ids
+    # and position_ids of B values, logits B x vocab); the wafer mapping pipelines them
+    sequences: int = 1
 
     def part_of_region(self) -> dict[str, ModelPart]:
         return {r: p for p in self.parts for r in p.regions}

@@ -444,12 +444,20 @@ def _check_model(program: Program) -> None:
         if getattr(m, field) not in allowed:
             _fail(f"model {field} must be one of {', '.join(allowed)}, got "
                   f"{getattr(m, field)!r}", "model")
-    for field in ("layers", "hidden", "vocab", "max_context", "positions"):
+    for field in ("layers", "hidden", "vocab", "max_context", "positions", "sequences"):
         v = getattr(m, field)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             _fail(f"model {field} must be a positive integer, got {v!r}", "model")
     if m.positions > m.max_context:
         _fail(f"model positions {m.positions} exceed max_context {m.max_context}", "model")
+    if m.sequences > 1:  # several sequences: one position each a run, B ids and B positions
+        if m.positions != 1:
+            _fail(f"model sequences {m.sequences} need positions 1 (a decode step), got "
+                  f"{m.positions}", "model")
+        for sym in program.symbols:
+            if sym.name in ("input_ids", "position_ids") and tuple(sym.shape) != (m.sequences,):
+                _fail(f"model sequences {m.sequences}: input {sym.name!r} has shape "
+                      f"{tuple(sym.shape)}, not ({m.sequences},)", "model")
     if not isinstance(m.shape_only, bool):
         _fail(f"model shape_only must be true or false, got {m.shape_only!r}", "model")
     if isinstance(m.chips, bool) or not isinstance(m.chips, int) or m.chips < 1:

@@ -46,13 +46,22 @@ def buffer_bytes(geo) -> int:
                 + (D + 1) * g + geo.Mq + (D + 1) * S)
 
 
+def strides(geo, dtype: str) -> tuple[int, int]:
+    """Bytes of one sequence's K cache and V cache on a PE (the caches of B sequences are B
+    such blocks, sequence s at s times the stride)."""
+    kvb = WEIGHT_BYTES[dtype]
+    return geo.S * geo.D * kvb, (geo.D + 1) * geo.S * kvb
+
+
 def alloc(ctx, rb) -> None:
-    """The caches and the attention's buffers; the V cache's constant row of ones."""
+    """The caches (ctx.seqs of each) and the attention's buffers; the V caches' constant row
+    of ones."""
     geo = ctx.geo
     S, D, g = geo.S, geo.D, geo.group
-    kvb = WEIGHT_BYTES[ctx.dtype]
-    ctx.bufs["kc"] = rb.alloc("kcache", S * D * kvb)
-    ctx.bufs["vc"] = rb.alloc("vcache", (D + 1) * S * kvb)
+    seqs = getattr(ctx, "seqs", 1)
+    kstride, vstride = strides(geo, ctx.dtype)
+    ctx.bufs["kc"] = rb.alloc("kcache", seqs * kstride)
+    ctx.bufs["vc"] = rb.alloc("vcache", seqs * vstride)
     ctx.bufs["sc"] = rb.alloc("scores", S * g * 4)
     ctx.bufs["fold"] = rb.alloc("fold", g * 4)
     ctx.bufs["mx"] = rb.alloc("mx", g * 4)
@@ -66,7 +75,7 @@ def alloc(ctx, rb) -> None:
     ones = np.zeros((S, D + 1), np.float32)
     ones[:, D] = 1.0  # slot-major: a slot's D values, then 1
     if not ctx.shape_only:
-        rb.init(ctx.bufs["vc"], ctx.dtype, ones.ravel())
+        rb.init(ctx.bufs["vc"], ctx.dtype, np.tile(ones.ravel(), seqs))
 
 
 def rope(ctx, qkv) -> None:
@@ -112,6 +121,13 @@ def attend(ctx, layer, qkv) -> None:
     b = ctx.bufs
     kc, vc, sc, fold, mx, mask, oe, ao = (b[k] for k in ("kc", "vc", "sc", "fold", "mx",
                                                           "mask", "oe", "ao"))
+    regs = getattr(ctx, "cache_regs", None)  # several sequences: (K, V) cache offsets
+
+    def cache(d, which, rows):  # descriptor d at this sequence's K ("k") or V ("v") cache
+        base = kc if which == "k" else vc
+        rb.dmem(d, kvd, base, rows)
+        if regs:
+            rb.daddr(d, regs[0] if which == "k" else regs[1], base)
     onehot, keep = mask + 4 * S, mask + 8 * S
     # the scale on q (Mq values), before its dots with the cached keys
     rb.dmem("d1", "f32", qkv, Mq)
@@ -122,7 +138,7 @@ def attend(ctx, layer, qkv) -> None:
     rb.dfin("d2", "f32", ctx.colors["mask"], 3 * S)
     rb.vmov("d1", "d2")
     k_new, v_new = qkv + 4 * Mq, qkv + 4 * (Mq + D)  # v_new is followed by the constant 1
-    rb.dmem("d1", kvd, kc, S)
+    cache("d1", "k", S)
     rb.d2d("d1", D, S)  # K cache (S x D)
     rb.dmem("d2", "f32", keep, S)
     rb.d2d("d2", D, 0)  # keep, for every dim
@@ -135,7 +151,7 @@ def attend(ctx, layer, qkv) -> None:
     ctx.charge("kv append", c.op("move", 3 * S) + 3 * S + c.op("mul", S * D, kvd, "f32")
                + c.scalar(20))
     _outer_add(ctx, "d1", "d3", "d4", S, D, kvd)
-    rb.dmem("d1", kvd, vc, D + 1)
+    cache("d1", "v", D + 1)
     rb.d2d("d1", S, D + 1)  # V cache ((D + 1) x S)
     rb.dmem("d2", "f32", keep, D + 1)
     rb.dstride("d2", 0)
@@ -149,7 +165,7 @@ def attend(ctx, layer, qkv) -> None:
     ctx.charge("kv append", c.op("mul", S * (D + 1), kvd, "f32") + c.scalar(10))
     _outer_add(ctx, "d1", "d3", "d4", D + 1, S, kvd)
     # 3. scores = K q, masked; the other dims of the head by the segment allreduce
-    rb.dmem("d1", kvd, kc, S)
+    cache("d1", "k", S)
     rb.d2d("d1", D, S)
     rb.dmem("d2", "f32", qkv, D)
     rb.d2d("d2", g, D)
@@ -178,7 +194,7 @@ def attend(ctx, layer, qkv) -> None:
     rb.vexp("d1", "d1")
     ctx.charge("softmax", c.op("add", S * g) + c.op("special", S * g) + c.scalar(6))
     # 5. [o; l] = V p, allreduced along the column; o / l
-    rb.dmem("d1", kvd, vc, D + 1)
+    cache("d1", "v", D + 1)
     rb.d2d("d1", S, D + 1)
     rb.dmem("d2", "f32", sc, S)
     rb.d2d("d2", g, S)
@@ -221,7 +237,32 @@ def _outer_add(ctx, dc, da, db, rows: int, cols: int, kvd: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The buses' sources: PEs that read position_ids and send what the grids need.
+# The buses' sources: PEs that read position_ids and send what the grids need. With several
+# sequences (seqs > 1) a source computes every sequence's rows in a loop (r0 = s, r10 = 4 s,
+# r8 = s times a row's bytes) and sends them as one message: the grids of its bus take one
+# sequence's rows at a time from their queues, each at its own pace, so the source never holds
+# a grid to the pace of a later one.
+
+
+def seq_loop(rb, seqs: int, row_bytes: int, body) -> None:
+    """body() once (seqs = 1) or for s = 0 .. seqs-1 with r10 = 4 s and r8 = s row_bytes."""
+    if seqs == 1:
+        body()
+        return
+    rb.li("r0", 0)
+    rb.label("sequence")
+    rb.muli("r10", "r0", 4)
+    rb.muli("r8", "r0", row_bytes)
+    body()
+    rb.addi("r0", "r0", 1)
+    rb.li("r1", seqs)
+    rb.blt("r0", "r1", "sequence")
+
+
+def _at(rb, d: str, addr, seqs: int) -> None:
+    """Descriptor d's address at this sequence's row (seq_loop's r8)."""
+    if seqs > 1:
+        rb.daddr(d, "r8", addr)
 
 def rope_tables(theta: float, hd: int, ctx_len: int) -> tuple[int, list]:
     """(B, [cos_lo, sin_lo, cos_hi, sin_hi]) with position p = hi * B + lo: cos(p f) =
@@ -239,10 +280,10 @@ def rope_tables(theta: float, hd: int, ctx_len: int) -> tuple[int, list]:
 
 
 def rope_source(ctx, pb, name: str, x0: int, geo, theta: float, color: int, default_pos,
-                y0: int = 0) -> None:
+                y0: int = 0, seqs: int = 1) -> None:
     """Row y0 (a wafer's row 0) above a lattice slot of n columns: PE j computes cos and sin
-    of this position at column j's frequencies and sends them down its column (through every
-    grid below on its wafer)."""
+    of this position (of each sequence's) at column j's frequencies and sends them down its
+    column (through every grid below on its wafer)."""
     s, h2, n = geo.s, geo.h2, geo.n
     B, tables = rope_tables(theta, geo.hd, geo.ctx)
     H = tables[2].shape[0]
@@ -254,77 +295,87 @@ def rope_source(ctx, pb, name: str, x0: int, geo, theta: float, color: int, defa
             ctx.declared.add(tname)
         names.append(tname)
     rb = pb.region(name, x0, y0, n, 1)
-    pos = rb.alloc("pos", 4)
-    rb.piece("position_ids", pos, I32, (1, 1))
-    rb.load(default_pos, pos, I32, (1, 1))
+    pos = rb.alloc("pos", 4 * seqs)
+    rb.piece("position_ids", pos, I32, (seqs, 1))
+    rb.load(default_pos, pos, I32, (seqs, 1))
     bufs = [rb.alloc(f"t{k}", rows * h2 * 4) for k, rows in enumerate((B, B, H, H))]
     for g in range(geo.kv):
         for k, (tname, rows) in enumerate(zip(names, (B, B, H, H))):
             rb.load(tname, bufs[k], "f32", (rows, h2), 0, (0, 0, 1), "C", rect=(g * s, 0, s, 1))
-    out = rb.alloc("out", 2 * h2 * 4)
+    out = rb.alloc("out", seqs * 2 * h2 * 4)
     tmp = rb.alloc("tmp", h2 * 4)
-    rb.lw("r1", "r15", pos)
-    rb.li("r4", B)
-    rb.div("r2", "r1", "r4")  # hi
-    rb.mul("r3", "r2", "r4")
-    rb.sub("r3", "r1", "r3")  # lo
-    rb.muli("r3", "r3", h2 * 4)
-    rb.muli("r2", "r2", h2 * 4)
-    for d, k, reg in (("d1", 0, "r3"), ("d2", 1, "r3"), ("d3", 2, "r2"), ("d4", 3, "r2")):
-        rb.dmem(d, "f32", bufs[k], h2)
-        rb.daddr(d, reg, bufs[k])
-    rb.dmem("d5", "f32", out, h2)
-    rb.dmem("d6", "f32", out + 4 * h2, h2)
-    rb.dmem("d7", "f32", tmp, h2)
-    rb.vmul("d5", "d3", "d1")  # cos_hi cos_lo
-    rb.vmul("d7", "d4", "d2")  # sin_hi sin_lo
-    rb.vsub("d5", "d5", "d7")
-    rb.vmul("d6", "d4", "d1")  # sin_hi cos_lo
-    rb.vmul("d7", "d3", "d2")  # cos_hi sin_lo
-    rb.vadd("d6", "d6", "d7")
-    rb.dmem("d1", "f32", out, 2 * h2)
-    rb.dfout("d2", "f32", color, 2 * h2)
+
+    def one():
+        rb.lw("r1", "r10" if seqs > 1 else "r15", pos)
+        rb.li("r4", B)
+        rb.div("r2", "r1", "r4")  # hi
+        rb.mul("r3", "r2", "r4")
+        rb.sub("r3", "r1", "r3")  # lo
+        rb.muli("r3", "r3", h2 * 4)
+        rb.muli("r2", "r2", h2 * 4)
+        for d, k, reg in (("d1", 0, "r3"), ("d2", 1, "r3"), ("d3", 2, "r2"), ("d4", 3, "r2")):
+            rb.dmem(d, "f32", bufs[k], h2)
+            rb.daddr(d, reg, bufs[k])
+        rb.dmem("d5", "f32", out, h2)
+        _at(rb, "d5", out, seqs)
+        rb.dmem("d6", "f32", out + 4 * h2, h2)
+        _at(rb, "d6", out + 4 * h2, seqs)
+        rb.dmem("d7", "f32", tmp, h2)
+        rb.vmul("d5", "d3", "d1")  # cos_hi cos_lo
+        rb.vmul("d7", "d4", "d2")  # sin_hi sin_lo
+        rb.vsub("d5", "d5", "d7")
+        rb.vmul("d6", "d4", "d1")  # sin_hi cos_lo
+        rb.vmul("d7", "d3", "d2")  # cos_hi sin_lo
+        rb.vadd("d6", "d6", "d7")
+    seq_loop(rb, seqs, 2 * h2 * 4, one)
+    rb.dmem("d1", "f32", out, 2 * h2 * seqs)
+    rb.dfout("d2", "f32", color, 2 * h2 * seqs)
     rb.vmov("d2", "d1")
     rb.halt()
 
 
-def mask_source(ctx, pb, name: str, y0: int, geo, color: int, default_pos) -> None:
+def mask_source(ctx, pb, name: str, y0: int, geo, color: int, default_pos,
+                seqs: int = 1) -> None:
     """Column 0 beside a band of grids: PE i sends row i's [mask, one-hot, keep] of this
-    position east along its row (through every grid of the band)."""
+    position (of each sequence's) east along its row (through every grid of the band)."""
     n, S = geo.n, geo.S
     rb = pb.region(name, 0, y0, 1, n)
-    pos = rb.alloc("pos", 4)
-    rb.piece("position_ids", pos, I32, (1, 1))
-    rb.load(default_pos, pos, I32, (1, 1))
-    buf = rb.alloc("rows", 3 * S * 4)
+    pos = rb.alloc("pos", 4 * seqs)
+    rb.piece("position_ids", pos, I32, (seqs, 1))
+    rb.load(default_pos, pos, I32, (seqs, 1))
+    buf = rb.alloc("rows", seqs * 3 * S * 4)
     mask, onehot, keep = buf, buf + 4 * S, buf + 8 * S
     done = "have_slot"
-    rb.lw("r1", "r15", pos)
-    rb.li("r2", y0)
-    rb.sub("r2", "GY", "r2")  # this row i
-    rb.sub("r3", "r1", "r2")  # pos - i
-    rb.fli("f1", NEG_INF)
-    rb.fli("f2", 1.0)
-    rb.dmem("d1", "f32", mask, S)
-    rb.vfill("d1", "f1")
-    rb.dmem("d1", "f32", onehot, S)
-    rb.vfill("d1", "f15")
-    rb.dmem("d1", "f32", keep, S)
-    rb.vfill("d1", "f2")
-    rb.blt("r3", "r15", done)  # no position of this row is visible yet
-    rb.li("r4", n)
-    rb.div("r5", "r3", "r4")  # the newest visible slot
-    rb.addi("r6", "r5", 1)
-    rb.dmem("d1", "f32", mask, 1)
-    rb.dlen("d1", "r6")
-    rb.vfill("d1", "f15")  # slots 0 .. r5 visible
-    rb.mul("r7", "r5", "r4")
-    rb.bne("r7", "r3", done)  # this position is not this row's
-    rb.muli("r5", "r5", 4)
-    rb.fsw("f2", "r5", onehot)
-    rb.fsw("f15", "r5", keep)
-    rb.label(done)
-    rb.dmem("d1", "f32", buf, 3 * S)
-    rb.dfout("d2", "f32", color, 3 * S)
+
+    def one():
+        rb.lw("r1", "r10" if seqs > 1 else "r15", pos)
+        rb.li("r2", y0)
+        rb.sub("r2", "GY", "r2")  # this row i
+        rb.sub("r3", "r1", "r2")  # pos - i
+        rb.fli("f1", NEG_INF)
+        rb.fli("f2", 1.0)
+        for addr, value in ((mask, "f1"), (onehot, "f15"), (keep, "f2")):
+            rb.dmem("d1", "f32", addr, S)
+            _at(rb, "d1", addr, seqs)
+            rb.vfill("d1", value)
+        rb.blt("r3", "r15", done)  # no position of this row is visible yet
+        rb.li("r4", n)
+        rb.div("r5", "r3", "r4")  # the newest visible slot
+        rb.addi("r6", "r5", 1)
+        rb.dmem("d1", "f32", mask, 1)
+        _at(rb, "d1", mask, seqs)
+        rb.dlen("d1", "r6")
+        rb.vfill("d1", "f15")  # slots 0 .. r5 visible
+        rb.mul("r7", "r5", "r4")
+        rb.bne("r7", "r3", done)  # this position is not this row's
+        rb.muli("r5", "r5", 4)
+        if seqs > 1:
+            rb.add("r5", "r5", "r8")
+        rb.fsw("f2", "r5", onehot)
+        rb.fsw("f15", "r5", keep)
+        rb.label(done)
+    seq_loop(rb, seqs, 3 * S * 4, one)
+    rb.dmem("d1", "f32", buf, 3 * S * seqs)
+    rb.dfout("d2", "f32", color, 3 * S * seqs)
     rb.vmov("d2", "d1")
     rb.halt()

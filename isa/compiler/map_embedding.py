@@ -7,6 +7,11 @@ holds the token's entry sends its K elements east on the row's bus, a color ever
 row forwards east (from the west and from its own PE), which delivers to every PE of the first
 layer's row: one message of K wavelets a row, n rows at once. The position table (GPT-2) has
 its own bus; the first layer adds the two.
+
+Several sequences (seqs > 1): the region loops over s = 0 .. seqs-1 (r0 = s, r10 = 4 s) and
+reads the s-th id. The row's sender changes with the token, so before sending a later
+sequence's row every PE waits for one wavelet from the first layer on the `ready` color, which
+the first layer sends once it has taken the earlier row: rows reach it in sequence order.
 """
 
 from __future__ import annotations
@@ -34,21 +39,31 @@ def columns(rows: int, K: int, wbytes: int, exact: bool) -> tuple[int, int]:
 
 
 def emit(ctx, pb, name: str, ref, index: str, x0: int, y0: int, m: int, vb: int, K: int,
-         color: int, default_pos) -> None:
+         color: int, default_pos, seqs: int = 1, ready: int | None = None) -> None:
     """The table's region: (x0, y0), m columns x n rows."""
     n = ctx.geo.n
     wb = WEIGHT_BYTES[ctx.dtype]
     rb = pb.region(name, x0, y0, m, n)
     table = rb.alloc("table", vb * K * wb)
-    idx = rb.alloc("index", 4)
-    rb.piece(index, idx, I32, (1, 1))
+    idx = rb.alloc("index", 4 * seqs)
+    rb.piece(index, idx, I32, (seqs, 1))
     if index == "position_ids":
-        rb.load(default_pos, idx, I32, (1, 1))
+        rb.load(default_pos, idx, I32, (seqs, 1))
     if not ctx.shape_only:  # C order: a table row's K elements contiguous
         tname = ctx.weights.tensor(ref)
         rb.load(tname, table, ctx.dtype, (vb, K), (0, 0, 1), (0, 1, 0), "C")
     end = "end"
-    rb.lw("r1", "r15", idx)
+    if seqs > 1:
+        scratch = rb.alloc("ready", 4)
+        rb.li("r0", 0)
+        rb.label("sequence")
+        rb.muli("r10", "r0", 4)
+        rb.beq("r0", "r15", "first")  # a later row: wait until the first layer took the last
+        rb.dmem("d1", "f32", scratch, 1)
+        rb.dfin("d2", "f32", ready, 1)
+        rb.vmov("d1", "d2")
+        rb.label("first")
+    rb.lw("r1", "r10" if seqs > 1 else "r15", idx)
     rb.li("r2", x0)
     rb.sub("r2", "GX", "r2")
     rb.muli("r2", "r2", vb)
@@ -62,6 +77,10 @@ def emit(ctx, pb, name: str, ref, index: str, x0: int, y0: int, m: int, vb: int,
     rb.dfout("d2", "f32", color, K)
     rb.vmov("d2", "d1")
     rb.label(end)
+    if seqs > 1:
+        rb.addi("r0", "r0", 1)
+        rb.li("r1", seqs)
+        rb.blt("r0", "r1", "sequence")
     rb.halt()
 
 

@@ -18,11 +18,14 @@ from wse_emu.isa.compiler.placement import WEIGHT_BYTES
 BUDGET = 36 * 1024
 
 
-def columns(vocab: int, K: int, wbytes: int, exact: bool, at_least: int = 1) -> tuple[int, int]:
-    """(m, vb) with the fewest columns m >= at_least whose tile (vb x K) fits BUDGET; with
-    exact, m divides the vocabulary."""
+def columns(vocab: int, K: int, wbytes: int, exact: bool, at_least: int = 1,
+            seqs: int = 1) -> tuple[int, int]:
+    """(m, vb) with the fewest columns m >= at_least whose tile (vb x K) fits BUDGET (with
+    seqs > 1 sequences, beside the seqs rows of vb logits the root row keeps); with exact, m
+    divides the vocabulary."""
     from wse_emu.isa.compiler.decoder import divisors
-    need = max(at_least, -(-vocab * K * wbytes // BUDGET))
+    row = K * wbytes + (4 * seqs if seqs > 1 else 0)  # bytes a vocabulary entry takes a PE
+    need = max(at_least, -(-vocab * row // BUDGET))
     if exact:
         fits = [m for m in divisors(vocab) if m >= need]
         if not fits:
@@ -36,20 +39,24 @@ def load(ctx, rb, ref, addr, vb: int, K: int, m: int) -> None:
     load_block(ctx, rb, ref, addr, vb, K, (0, 0, 1), (0, 1, 0), vb, (0, 0, m, ctx.geo.n))
 
 
-def pieces(rb, name: str, addr, vocab: int, vb: int, m: int, row: int) -> None:
+def pieces(rb, name: str, addr, vocab: int, vb: int, m: int, row: int, seqs: int = 1) -> None:
     """The logits blocks at the root row: piece k of every column holds elements
     [j vb + k g, j vb + (k+1) g) with g = gcd(vb, vocab), so that a padded last block puts
-    only its real elements in the symbol."""
-    if vocab % vb == 0:
-        rb.piece(name, addr, "f32", (1, vb), 0, (0, 0, 1), rect=(0, row, m, 1))
-        return
-    g = math.gcd(vb, vocab)
-    per = vb // g
-    full = vocab // vb  # columns whose block is whole
-    tail = (vocab - full * vb) // g  # tiles of g in the last, partial block
-    for k in range(per):
-        cols = full + (1 if k < tail else 0)
-        rb.piece(name, addr + 4 * k * g, "f32", (1, g), 0, (k, 0, per), rect=(0, row, cols, 1))
+    only its real elements in the symbol. Several sequences: row s of the (seqs, vocab)
+    symbol from the block at addr + s vb (4-byte) elements."""
+    g = vocab if vocab % vb == 0 else math.gcd(vb, vocab)
+    for s in range(seqs):
+        at = addr + 4 * s * vb
+        if vocab % vb == 0:
+            rb.piece(name, at, "f32", (1, vb), s, (0, 0, 1), rect=(0, row, m, 1))
+            continue
+        per = vb // g
+        full = vocab // vb  # columns whose block is whole
+        tail = (vocab - full * vb) // g  # tiles of g in the last, partial block
+        for k in range(per):
+            cols = full + (1 if k < tail else 0)
+            rb.piece(name, at + 4 * k * g, "f32", (1, g), s, (k, 0, per),
+                     rect=(0, row, cols, 1))
 
 
 def wbytes_of(dtype: str) -> int:

@@ -77,6 +77,9 @@ class CompileReport:
     # a model split over a system's wafers: per wafer {chip, rows, layers [first, last],
     # predicted_cycles (its layers, the embedding or the crossing into it, the head)}
     wafers: list = field(default_factory=list)
+    sequences: int = 1  # independent sequences in flight (B KV caches, B tokens a step)
+    # the predicted cycles of a step of all B sequences (isa.compiler.predict.pipelined_cycles)
+    step_cycles: int = 0
 
     def layers(self) -> dict:
         """Per layer: the rectangles (x, y, w, h) of its stages."""
@@ -101,7 +104,12 @@ class CompileReport:
                          f"matrices {self.weight_hbm_bytes / 1e9:.3f} GB (read once a token)")
         if self.predicted:
             total = sum(self.predicted.values())
-            lines.append(f"predicted cycles a decode step: {total} "
+            if self.sequences > 1:
+                lines.append(f"sequences in flight: {self.sequences} (a KV cache each; a step "
+                             f"takes one token of each, the regions pipelining them): "
+                             f"predicted {self.step_cycles} cycles a step")
+            lines.append(f"predicted cycles a decode step"
+                         + (" of one sequence" if self.sequences > 1 else "") + f": {total} "
                          + (f"(layers on {self.grid} x {self.grid} grids) " if self.grid else "")
                          + "; by part: " + ", ".join(f"{k} {v}"
                                                      for k, v in self.predicted.items()))
@@ -128,7 +136,7 @@ def part_name(layer: int, layers: int) -> str:
 
 def with_model(program: Program, cfg, target: str, mapping: str, machine, dtype: str,
                positions: int, parts: list, shape_only: bool = False, groups=(),
-               crossings=()) -> Program:
+               crossings=(), sequences: int = 1) -> Program:
     """The program with its MODEL part (isa.program.ModelInfo): parts is [(name, layer,
     [region names], predicted cycles)]; groups [(first layer, layers)] a wafer of a split
     model and crossings the predicted cycles of each boundary; checked as loads() checks it."""
@@ -138,7 +146,8 @@ def with_model(program: Program, cfg, target: str, mapping: str, machine, dtype:
                             for n, layer, regions, cycles in parts),
                       shape_only=bool(shape_only), chips=machine.chips,
                       groups=tuple((int(a), int(b)) for a, b in groups),
-                      crossing_cycles=tuple(int(c) for c in crossings))
+                      crossing_cycles=tuple(int(c) for c in crossings),
+                      sequences=int(sequences))
     program = replace(program, model=model)
     try:
         check_program(program)

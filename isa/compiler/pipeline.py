@@ -68,7 +68,8 @@ def load_graph(source, shape_only: bool = False, max_context: int | None = None)
 def compile_model(source, machine, dtype: str = "f32", max_context: int | None = None,
                   shape_only: bool = False, positions: int | None = None,
                   dump: tuple[str, ...] = (), dump_to=None, base_dir: str | None = None,
-                  grid: int | None = None, mapping: str | None = None) -> tuple:
+                  grid: int | None = None, mapping: str | None = None,
+                  sequences: int = 1) -> tuple:
     """Compile `source` for `machine` (an isa.machine.Machine: a preset, a .toml file or a
     system NAMExN of either). Returns (Program, CompileReport); CompileError (one
     line) when the model cannot be mapped or does not fit.
@@ -80,7 +81,9 @@ def compile_model(source, machine, dtype: str = "f32", max_context: int | None =
     side n of the n x n grid of a decoder's layers (default: the cost model's choice).
     `mapping`: "wafer" (decode steps of GPT-2 and Llama: layers on grids, isa/compiler/wafer.py)
     or "chain" (the stage chain: encoders, several positions a run, small machines); default
-    the wafer mapping where it applies and fits, else the stage chain."""
+    the wafer mapping where it applies and fits, else the stage chain. `sequences` = B: B
+    independent sequences in flight (the wafer mapping only: B KV caches a layer, a run
+    takes one token of each and the layers' regions pipeline them)."""
     if not isinstance(machine, Machine):
         raise CompileError(f"machine must be an isa.machine.Machine (isa.machine.load_machine), "
                            f"got {machine!r}")
@@ -88,6 +91,14 @@ def compile_model(source, machine, dtype: str = "f32", max_context: int | None =
         raise CompileError(f"dtype {dtype!r} is not supported (fp32, fp16, bf16)")
     dtype = DTYPE_NAMES[dtype]
     hbm_target = machine.kind == "hbm"  # weights streamed from HBM
+    if isinstance(sequences, bool) or not isinstance(sequences, int) or sequences < 1:
+        raise CompileError(f"sequences must be a positive integer, got {sequences!r}")
+    if sequences > 1 and hbm_target:
+        raise CompileError(f"--sequences {sequences}: the HBM target ('{machine.name}') runs "
+                           f"one sequence (a batched step is not implemented yet)")
+    if sequences > 1 and (mapping == "chain" or (positions or 1) != 1):
+        raise CompileError(f"--sequences {sequences} needs the wafer mapping of a decode step "
+                           f"(one position a run)")
     unknown = [d for d in dump if d not in DUMPS]
     if unknown:
         raise CompileError(f"cannot dump {unknown[0]!r} (passes: {', '.join(DUMPS)})")
@@ -134,13 +145,13 @@ def compile_model(source, machine, dtype: str = "f32", max_context: int | None =
         name = Path(str(source)).name.replace(".graph.json", "") or "model"
         try:
             return compile_decode(plan, machine, dtype, shape_only, base_dir, name, dump, out,
-                                  grid)
+                                  grid, sequences)
         except NotADecoder as e:
-            if mapping == "wafer":
+            if mapping == "wafer" or sequences > 1:
                 raise CompileError(f"the wafer mapping does not apply: {e}") from None
             wafer_error = None
         except CompileError as e:  # does not fit: the stage chain may (a small machine)
-            if grid is not None or mapping == "wafer" or machine.chips > 1:
+            if grid is not None or mapping == "wafer" or machine.chips > 1 or sequences > 1:
                 raise  # the stage chain knows no systems: a split is the wafer mapping's
             wafer_error = e
         try:

@@ -51,3 +51,15 @@ class Cost:
     def send(self, n: int, hops: int) -> int:
         """A message of n wavelets from a PE's op start to its tail's delivery `hops` away."""
         return self.m.issue_overhead + 1 + 2 * self.m.ramp_latency + hops * self.m.hop_latency + n
+
+
+def pipelined_cycles(parts: dict, sequences: int = 1) -> int:
+    """Predicted cycles of a step that carries `sequences` tokens, one a sequence, through
+    regions connected by dataflow (the wafer mapping): the first sequence crosses every part
+    in series, and each later one leaves the slowest part one period of that part after the
+    one before it (part k works on sequence s while part k + 1 works on s - 1).
+    parts: part name -> predicted cycles of one sequence's pass through it."""
+    if not parts:
+        return 0
+    values = [int(v) for v in parts.values()]
+    return sum(values) + (max(sequences, 1) - 1) * max(values)

@@ -18,7 +18,12 @@ block down its column to row r of the grid below, which multicasts it along its 
 
 Colors: 0-4 column allreduces, 5-9 row allreduces, 10-14 the KV heads' row segments, 15-16
 the hand-offs (alternating layer to layer), 17 the diagonal, 18 GPT-2's position embedding,
-19 the mask bus, 20 the RoPE bus, 21-22 the crossings between wafers (a system).
+19 the mask bus, 20 the RoPE bus, 21-22 the crossings between wafers (a system), 23 layer 0's
+ready wavelet to the embedding (several sequences).
+
+Sequences (sequences = B > 1): B KV caches a layer; every region loops over the B sequences
+with one loop body (_Emitter.loop), so that the layers' regions pipeline them (SEQ ..
+below; docs/compiler.md, "Sequences in flight").
 
 Systems. On a machine of several wafers (machine.chips > 1, wafer c holding rows
 [c H, (c + 1) H)) the layers are split into contiguous groups, one a wafer and every wafer
@@ -46,7 +51,7 @@ from wse_emu.isa.compiler.lines import LineKind, allreduce, cycles as line_cycle
 from wse_emu.isa.compiler.lower import CompileError, Plan
 from wse_emu.isa.compiler.pack import CompileReport, Weights, part_name, with_model
 from wse_emu.isa.compiler.placement import WEIGHT_BYTES
-from wse_emu.isa.compiler.predict import Cost
+from wse_emu.isa.compiler.predict import Cost, pipelined_cycles
 from wse_emu.isa.errors import BuildError
 from wse_emu.isa.machine import MAX_CHIPS, system_of
 from wse_emu.isa.program import Rect
@@ -64,7 +69,16 @@ COL, ROW, SEG = (0, 1, 2, 3, 4), (5, 6, 7, 8, 9), (10, 11, 12, 13, 14)
 HANDOFF = (15, 16)
 DIAG, WPE, MASK, ROPE = 17, 18, 19, 20
 CROSS = (21, 22)  # the crossings between wafers, alternating wafer to wafer
-COLORS_NEEDED = 21  # one wafer; a system of several needs the CROSS colors too
+READY = 23  # several sequences: layer 0 tells the embedding it took the last token's row
+COLORS_NEEDED = 21  # one wafer; a system of several needs the CROSS colors, sequences READY
+
+# Several sequences in flight (--sequences B): every region runs its step's code in a loop
+# over s = 0 .. B-1 (r0 = s); a layer's K and V caches are B blocks, the loop's descriptors
+# offset by s blocks (r9, r10 = s times a block's bytes). The strategies and the line
+# allreduces leave r0, r9 and r10 alone after the region's setup (lines.setup_roles uses them
+# before the loop starts); the embedding and the sources index the B token ids and positions
+# with their own loops (map_attention.seq_loop).
+SEQ, KOFF, VOFF = "r0", "r9", "r10"
 
 
 def cross_color(chip: int) -> int:
@@ -108,6 +122,7 @@ class Mapping:
     predicted: dict = field(default_factory=dict)  # part -> cycles (and "crossing c-c+1")
     groups: list = field(default_factory=list)  # per wafer: (first layer, layers)
     line_groups: tuple = (0, 0)  # two-phase group size of the column and row lines (0: chain)
+    seqs: int = 1  # sequences in flight: B KV caches a layer, B tokens a step
 
 
 # ---------------------------------------------------------------------------------------------
@@ -149,15 +164,15 @@ def _snake(items: list, per_band: int) -> int | None:
     return band + 1
 
 
-def _layer_sram(geo: Geometry, dtype: str, biases: bool) -> int:
+def _layer_sram(geo: Geometry, dtype: str, biases: bool, seqs: int = 1) -> int:
     wb = WEIGHT_BYTES[dtype]
     bufs = 4 * (3 * geo.K + geo.Mqkv + 1 + geo.M1 + 2) + 2 * geo.K * wb * 2
     return (CODE_BYTES + map_gemv.tile_bytes(geo, wb, biases)
-            + map_attention.cache_bytes(geo, wb) + map_attention.buffer_bytes(geo) + bufs)
+            + seqs * map_attention.cache_bytes(geo, wb) + map_attention.buffer_bytes(geo) + bufs)
 
 
 def _arrange(dec: Decoder, geo: Geometry, machine, dtype: str, exact: bool,
-             costs: tuple | None = None) -> Mapping | None:
+             costs: tuple | None = None, seqs: int = 1) -> Mapping | None:
     """The placement of every grid for side n, or None when it does not fit. On a system of
     several wafers (machine.chips > 1) the layers are split into contiguous groups, one a
     wafer and every wafer used, the embedding on wafer 0 and the head on the last; each
@@ -172,7 +187,7 @@ def _arrange(dec: Decoder, geo: Geometry, machine, dtype: str, exact: bool,
         if m == 0:
             return None
         embed_cols.append((m, vb))
-    head = map_head.columns(dec.vocab, K, wb, exact, at_least=n)
+    head = map_head.columns(dec.vocab, K, wb, exact, at_least=n, seqs=seqs)
     if head[0] == 0:
         return None
     ew = sum(m for m, _ in embed_cols)
@@ -260,9 +275,10 @@ def split_layers(layers: int, room: list, costs: tuple) -> list | None:
 
 
 def choose(dec: Decoder, machine, dtype: str, exact: bool, grid: int | None = None,
-           name: str = "the model") -> Mapping:
-    """The fastest grid side whose layer fits a PE's SRAM and whose grids fit the fabric
-    (only `grid` when given); on a system, its layers split over the wafers."""
+           name: str = "the model", seqs: int = 1) -> Mapping:
+    """The fastest grid side whose layer (with seqs KV caches) fits a PE's SRAM and whose
+    grids fit the fabric (only `grid` when given); on a system, its layers split over the
+    wafers."""
     biases = dec.family == "gpt2"
     best = None
     sides = grid_sides(dec)
@@ -273,23 +289,24 @@ def choose(dec: Decoder, machine, dtype: str, exact: bool, grid: int | None = No
         sides = [grid]
     for n in sides:
         geo = geometry(dec, n)
-        need = _layer_sram(geo, dtype, biases)
+        need = _layer_sram(geo, dtype, biases, seqs)
         if need > machine.sram_bytes:
             continue
-        mp = _arrange(dec, geo, machine, dtype, exact)
+        mp = _arrange(dec, geo, machine, dtype, exact, seqs=seqs)
         if mp is None:
             continue
         forms = line_forms(dec, geo, machine, dtype)
-        mp.line_groups = forms
+        mp.line_groups, mp.seqs = forms, seqs
         if machine.chips > 1:  # again, with the groups balanced by the cost model
-            mp = _arrange(dec, geo, machine, dtype, exact, split_costs(mp, machine, dtype))
-            mp.line_groups = forms
+            mp = _arrange(dec, geo, machine, dtype, exact, split_costs(mp, machine, dtype),
+                          seqs)
+            mp.line_groups, mp.seqs = forms, seqs
         mp.predicted = predict(mp, machine, dtype)
-        total = sum(mp.predicted.values())
+        total = pipelined_cycles(mp.predicted, seqs)
         if best is None or total < best[0]:
             best = (total, mp)
     if best is None:
-        raise CompileError(_refusal(dec, machine, dtype, exact, biases, sides, name))
+        raise CompileError(_refusal(dec, machine, dtype, exact, biases, sides, name, seqs))
     return best[1]
 
 
@@ -317,46 +334,44 @@ def split_costs(mp: Mapping, machine, dtype: str) -> tuple:
     return layer, p["embed"], p["head"], cross
 
 
-def _refusal(dec, machine, dtype, exact, biases, sides, name) -> str:
+def _refusal(dec, machine, dtype, exact, biases, sides, name, seqs: int = 1) -> str:
     """One line: why no grid fits; the wafers that would hold the model, or the largest
-    max_context that would fit."""
+    max_context that would fit (with seqs KV caches a layer)."""
     fitting = [n for n in sides
-               if _layer_sram(geometry(dec, n), dtype, biases) <= machine.sram_bytes]
+               if _layer_sram(geometry(dec, n), dtype, biases, seqs) <= machine.sram_bytes]
+    caches = f" with {seqs} sequences' KV caches" if seqs > 1 else ""
+    fit = _fitting_context(dec, machine, dtype, exact, biases, sides, seqs)
+    if seqs > 1 and fit:  # the caches are what does not fit: a shorter context first
+        return (f"max_context {dec.max_context}{caches} does not fit machine "
+                f"'{machine.name}' ({machine.width} x {machine.height} PEs, "
+                f"{machine.sram_bytes} bytes each): max_context {fit} would fit "
+                f"(--max-context {fit}), or fewer sequences")
     if fitting and machine.kind == "mesh" and machine.link_bandwidth > 0:
         chip = machine.chip
         for chips in range(machine.chips + 1, MAX_CHIPS + 1):
             system = system_of(chip, chips)
             fits = [n for n in fitting
-                    if _arrange(dec, geometry(dec, n), system, dtype, exact) is not None]
+                    if _arrange(dec, geometry(dec, n), system, dtype, exact,
+                                seqs=seqs) is not None]
             if fits:
                 n = fits[0]
                 weights = _layer_weights(dec) * WEIGHT_BYTES[dtype]
-                return (f"{name} needs {chips} wafers of {chip.name} (--machine "
+                return (f"{name}{caches} needs {chips} wafers of {chip.name} (--machine "
                         f"{chip.name}x{chips}): the model needs {len(dec.layers) * n * n} PEs "
                         f"({len(dec.layers)} layers on {n} x {n} grids, {weights / 1e9:.1f} GB "
                         f"of layer weights; embedding and head more) but machine "
                         f"'{machine.name}' is {machine.width} x {machine.height} "
                         f"({machine.pes} PEs); it would fit {chips} such wafers, its layers "
                         f"split between them")
-    fit = 0
-    for n in sides:
-        lo, hi = 0, dec.max_context
-        while lo < hi:  # the largest context whose layer fits SRAM
-            mid = (lo + hi + 1) // 2
-            if _layer_sram(geometry(dec, n, mid), dtype, biases) <= machine.sram_bytes:
-                lo = mid
-            else:
-                hi = mid - 1
-        if lo and _arrange(dec, geometry(dec, n, lo), machine, dtype, exact) is not None:
-            fit = max(fit, lo)
     if fit:
-        return (f"max_context {dec.max_context} does not fit machine '{machine.name}' "
-                f"({machine.width} x {machine.height} PEs, {machine.sram_bytes} bytes each): "
-                f"max_context {fit} would fit (--max-context {fit})")
+        return (f"max_context {dec.max_context}{caches} does not fit machine "
+                f"'{machine.name}' ({machine.width} x {machine.height} PEs, "
+                f"{machine.sram_bytes} bytes each): max_context {fit} would fit "
+                f"(--max-context {fit})")
     if not fitting:
-        return (f"no grid of the model's layers fits a PE's {machine.sram_bytes} bytes on machine "
-                f"'{machine.name}' at any context (use 16-bit weights or a machine with more "
-                f"SRAM a PE)")
+        return (f"no grid of the model's layers{caches} fits a PE's {machine.sram_bytes} bytes "
+                f"on machine '{machine.name}' at any context (use 16-bit weights"
+                + (", fewer sequences" if seqs > 1 else "") + " or a machine with more SRAM a PE)")
     n = fitting[0]
     pes = len(dec.layers) * n * n
     have = machine.width * machine.height
@@ -367,6 +382,24 @@ def _refusal(dec, machine, dtype, exact, biases, sides, name) -> str:
             f"{_layer_weights(dec) * WEIGHT_BYTES[dtype] / 1e9:.2f} GB of layer weights; "
             f"embedding and head more) but machine '{machine.name}' is {machine.width} x "
             f"{machine.height} ({have} PEs) and has no links to join more of it")
+
+
+def _fitting_context(dec, machine, dtype, exact, biases, sides, seqs: int) -> int:
+    """The largest max_context whose layer (seqs KV caches) fits SRAM and whose grids fit
+    the fabric; 0 when none."""
+    fit = 0
+    for n in sides:
+        lo, hi = 0, dec.max_context
+        while lo < hi:  # the largest context whose layer fits SRAM
+            mid = (lo + hi + 1) // 2
+            if _layer_sram(geometry(dec, n, mid), dtype, biases, seqs) <= machine.sram_bytes:
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo and _arrange(dec, geometry(dec, n, lo), machine, dtype, exact,
+                           seqs=seqs) is not None:
+            fit = max(fit, lo)
+    return fit
 
 
 def _layer_weights(dec) -> int:
@@ -380,7 +413,9 @@ def _layer_weights(dec) -> int:
 def predict(mp: Mapping, machine, dtype: str) -> dict:
     """Predicted cycles of each part of a decode step, in series: the embedding, every
     layer, the head. A layer is the sum of its PE's local ops and its line collectives (the
-    same code every PE runs, isa.compiler.predict), plus its hand-off."""
+    same code every PE runs, isa.compiler.predict), plus its hand-off. With several sequences
+    (mp.seqs > 1) each part's figure is one sequence's pass, with the loop's own ops; the
+    step is pipelined_cycles of them."""
     geo, dec = mp.geo, mp.dec
     dry = _DryRun(geo, dtype, machine, bool(dec.rope_theta), dec.family == "gpt2",
                   mp.line_groups)
@@ -388,6 +423,12 @@ def predict(mp: Mapping, machine, dtype: str) -> dict:
     _layer_body(dry, layer, receive=None, send=None)
     body = dry.total()
     out = {"embed": map_embedding.cycles(dry.cost, geo.K)}
+    loop = 0
+    if mp.seqs > 1:  # the loop's scalars (LOOP_SCALARS) and the caches' four daddr
+        loop = dry.cost.scalar(LOOP_SCALARS + 4)
+        body += loop
+        # the embedding waits for layer 0's ready wavelet before each later token's row
+        out["embed"] += dry.cost.scalar(LOOP_SCALARS) + dry.cost.op("move", 1)
     for k, it in enumerate(mp.items):
         if it.kind == "layer":
             hand = dry.cost.send(geo.K, geo.n) + dry.cost.scalar(6)
@@ -405,7 +446,12 @@ def predict(mp: Mapping, machine, dtype: str) -> dict:
     hd.charge("lm head reduce", line_cycles(machine, geo.n, vb, broadcast=False,
                                             group=mp.line_groups[0]))
     out["head"] = hd.total() + dry.cost.send(geo.K, geo.n)
+    if mp.seqs > 1:  # the loop, and the logits block copied to its sequence's row
+        out["head"] += dry.cost.scalar(LOOP_SCALARS + 1) + dry.cost.op("move", vb)
     return out
+
+
+LOOP_SCALARS = 5  # a sequence loop's own scalar ops an iteration (_Emitter.loop)
 
 
 def crossing_cycles(prev: Item, it: Item, geo: Geometry, machine) -> int:
@@ -535,7 +581,8 @@ class _Emitter:
         self.n = mp.geo.n
         self.declared: set = set()
         self.stages: list = []  # region metadata, in region order
-        pb.tensor("default_position_ids", np.zeros(1, dtype=np.int32))
+        self.seqs = mp.seqs
+        pb.tensor("default_position_ids", np.zeros(self.seqs, dtype=np.int32))
 
     def region(self, kind: str, name: str, layer: int, x, y, w, h):
         sid = len(self.stages)
@@ -547,7 +594,26 @@ class _Emitter:
                  self.mp.dec.family == "gpt2", self.mp.line_groups)
         c.rb, c.shape_only, c.weights = rb, self.shape_only, self.weights
         c.graph, c.declared = self.mp.dec.plan.graph, self.declared
+        c.seqs = self.seqs
+        c.cache_regs = (KOFF, VOFF) if self.seqs > 1 else None
         return c
+
+    def loop(self, ctx, body, strides=(0, 0)) -> None:
+        """body() once, or for s = 0 .. B-1 (module constants: SEQ = s, KOFF and VOFF = s
+        times strides): LOOP_SCALARS scalar ops an iteration beside the body's."""
+        rb = ctx.rb
+        if self.seqs == 1:
+            body()
+            return
+        top = ctx.labels("sequence")
+        rb.li(SEQ, 0)
+        rb.label(top)
+        rb.muli(KOFF, SEQ, strides[0])
+        rb.muli(VOFF, SEQ, strides[1])
+        body()
+        rb.addi(SEQ, SEQ, 1)
+        rb.li("r1", self.seqs)
+        rb.blt(SEQ, "r1", top)
 
     def position_regs(self, rb, it, flags: bool = True) -> None:
         n = self.n
@@ -598,9 +664,25 @@ class _Emitter:
                 recv(x, color)
                 if it.handoff_in == "bus" and len(self.mp.dec.tables) > 1:
                     recv(ctx.bufs["y"], WPE)
+                if it.handoff_in == "bus" and self.seqs > 1:
+                    self.ready(ctx)
+                if it.handoff_in == "bus" and len(self.mp.dec.tables) > 1:
                     map_elementwise.residual_add(ctx, x, ctx.bufs["y"])
             ctx.charge("hand-off", ctx.cost.scalar(6) + ctx.cost.op("move", K))
         return emit
+
+    def ready(self, ctx) -> None:
+        """Layer 0 has taken sequence s's rows: its first column tells the embedding, which
+        then sends sequence s + 1's (map_embedding); nothing after the last sequence."""
+        rb = ctx.rb
+        skip = ctx.labels("no_ready")
+        rb.bne("r13", "r15", skip)
+        rb.li("r1", self.seqs - 1)
+        rb.bge(SEQ, "r1", skip)
+        rb.dmem("d1", "f32", ctx.bufs["x"], 1)
+        rb.dfout("d2", "f32", READY, 1)
+        rb.vmov("d2", "d1")
+        rb.label(skip)
 
     def sender(self, ctx, it, k: int):
         rb, K, n = ctx.rb, self.geo.K, self.n
@@ -657,7 +739,9 @@ class _Emitter:
         map_gemv.load_mlp1(ctx, rb, layer.mlp1, b["w1"], b.get("b1"))
         map_gemv.load_down(ctx, rb, layer.down, b["wd"], b.get("bd"))
         self.position_regs(rb, it)
-        _layer_body(ctx, layer, self.receiver(ctx, it, k), self.sender(ctx, it, k))
+        self.loop(ctx, lambda: _layer_body(ctx, layer, self.receiver(ctx, it, k),
+                                           self.sender(ctx, it, k)),
+                  map_attention.strides(geo, dtype))
         rb.halt()
 
     def head(self, it, k: int) -> None:
@@ -677,15 +761,26 @@ class _Emitter:
         if not ctx.col.group:
             ctx.col = LineKind("column", n, COL, "r14")  # (no flags set up in the head)
         self.position_regs(rb, it, flags=False)
-        self.receiver(ctx, it, k)()
-        map_elementwise.norm(ctx, dec.final_norm, b["x"], b["xn"], params)
-        rb.dmem("d0", dtype, b["w"], vb)
-        rb.d2d("d0", K, vb)
-        rb.dmem("d1", "f32", b["xn"], K)
-        rb.dmem("d2", "f32", b["logits"], vb)
-        rb.mv("d2", "d0", "d1")
-        ctx.allreduce(ctx.col, b["logits"], vb, broadcast=False)
-        map_head.pieces(rb, "logits", b["logits"], dec.vocab, vb, m, ctx.col.root)
+        out = b["logits"]
+        if self.seqs > 1:  # a row of vb logits a sequence, copied after the step's reduce
+            out = rb.alloc("logits_out", self.seqs * vb * 4)
+
+        def step():
+            self.receiver(ctx, it, k)()
+            map_elementwise.norm(ctx, dec.final_norm, b["x"], b["xn"], params)
+            rb.dmem("d0", dtype, b["w"], vb)
+            rb.d2d("d0", K, vb)
+            rb.dmem("d1", "f32", b["xn"], K)
+            rb.dmem("d2", "f32", b["logits"], vb)
+            rb.mv("d2", "d0", "d1")
+            ctx.allreduce(ctx.col, b["logits"], vb, broadcast=False)
+            if self.seqs > 1:
+                rb.dmem("d1", "f32", b["logits"], vb)
+                rb.dmem("d2", "f32", out, vb)
+                rb.daddr("d2", KOFF, out)
+                rb.vmov("d2", "d1")
+        self.loop(ctx, step, (vb * 4, 0))
+        map_head.pieces(rb, "logits", out, dec.vocab, vb, m, ctx.col.root, self.seqs)
         rb.halt()
 
     def embed(self, it) -> None:
@@ -700,7 +795,8 @@ class _Emitter:
                                     rect=(x, it.y0(n), m, n)))
             ctx = self.ctx(None)
             map_embedding.emit(ctx, self.pb, f"s{sid}.{rb_name}", ref, index, x, it.y0(n), m,
-                               vb, self.geo.K, color, "default_position_ids")
+                               vb, self.geo.K, color, "default_position_ids", self.seqs,
+                               READY)
             x += m
 
     def sources(self) -> None:
@@ -718,7 +814,7 @@ class _Emitter:
             name, y0 = label("mask", chip, band), row0 + 1 + band * n
             self.stages.append(dict(name=name, kind="source", layer=-1, rect=(0, y0, 1, n)))
             map_attention.mask_source(ctx, self.pb, f"s{sid}.{name}", y0, self.geo, MASK,
-                                      "default_position_ids")
+                                      "default_position_ids", self.seqs)
         if self.mp.dec.rope_theta:
             for chip, row0, slot in sorted({(it.chip, it.row0, it.slot) for it in layers}):
                 sid = len(self.stages)
@@ -727,7 +823,7 @@ class _Emitter:
                                         rect=(1 + slot * n, row0, n, 1)))
                 map_attention.rope_source(ctx, self.pb, f"s{sid}.{name}", 1 + slot * n,
                                           self.geo, self.mp.dec.rope_theta, ROPE,
-                                          "default_position_ids", y0=row0)
+                                          "default_position_ids", y0=row0, seqs=self.seqs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -789,6 +885,14 @@ def route(pb, mp: Mapping) -> int:
                 add(x, py + q + 1, 1, y0 + q - py - q - 1, DIAG, "N", "S")
                 add(x, y0 + q, 1, 1, DIAG, "N", "RAMP")
                 _spread(add, x, y0 + q, x0, w, color)
+    if mp.seqs > 1:  # layer 0's ready wavelet west to every PE of the embedding's rows
+        first = next(k for k, it in enumerate(items) if it.kind == "layer")
+        ex, x0, y0 = items[first - 1].x0(n), items[first].x0(n), items[first].y0(n)
+        ew = sum(m for m, _ in mp.embed_cols)
+        add(x0, y0, 1, n, READY, "RAMP", "W")
+        add(ex + ew, y0, x0 - ex - ew, n, READY, "E", "W")  # between the tables and layer 0
+        add(ex + 1, y0, ew - 1, n, READY, "E", "W|RAMP")
+        add(ex, y0, 1, n, READY, "E", "RAMP")
     # the mask bus: along every row of a band, from column 0 through its layer grids
     layers = [it for it in items if it.kind == "layer"]
     for row0, band in sorted({(it.row0, it.band) for it in layers}):
@@ -872,22 +976,29 @@ def _spread(add, x: int, y: int, x0: int, w: int, color: int) -> None:
 # the pipeline
 
 def compile_decode(plan: Plan, machine, dtype: str, shape_only: bool, base_dir, name: str,
-                   dump=(), out=None, grid: int | None = None):
-    """The decode mapping of a one-position decoder plan: (Program, CompileReport)."""
+                   dump=(), out=None, grid: int | None = None, sequences: int = 1):
+    """The decode mapping of a one-position decoder plan: (Program, CompileReport). With
+    sequences = B > 1, B independent sequences: B KV caches a layer and B tokens a step
+    (input_ids and position_ids of B values, logits B x vocab), every region looping over
+    them, so that the regions pipeline the sequences (module constants SEQ ..)."""
     # extract: the plan's layers as named parts (NotADecoder: use the stage chain)
     dec = extract(plan)
-    need = COLORS_NEEDED + (len(CROSS) if machine.chips > 1 else 0)
+    if isinstance(sequences, bool) or not isinstance(sequences, int) or sequences < 1:
+        raise CompileError(f"sequences must be a positive integer, got {sequences!r}")
+    need = max(COLORS_NEEDED + (len(CROSS) if machine.chips > 1 else 0),
+               READY + 1 if sequences > 1 else 0)
     if machine.colors < need:
         from wse_emu.isa.compiler.decoder import NotADecoder
         raise NotADecoder(f"machine has {machine.colors} colors, the mapping needs {need}")
     # choose: the grid side n with the lowest predicted cycles that fits SRAM and fabric (on
     # a system: and the layers' split over its wafers)
     label = "the model" if name.endswith(".json") else name
-    mp = choose(dec, machine, dtype, exact=not shape_only, grid=grid, name=label)
+    mp = choose(dec, machine, dtype, exact=not shape_only, grid=grid, name=label,
+                seqs=sequences)
     pb = ProgramBuilder(name)
-    pb.input("input_ids", "i32", (1,))
-    pb.input("position_ids", "i32", (1,))
-    pb.output("logits", "f32", (1, dec.vocab))
+    pb.input("input_ids", "i32", (sequences,))
+    pb.input("position_ids", "i32", (sequences,))
+    pb.output("logits", "f32", (sequences, dec.vocab))
     # route: allreduce lines, hand-offs, the mask and RoPE buses
     rules = route(pb, mp)
     if "routes" in dump:
@@ -930,7 +1041,7 @@ def _pack(pb, mp: Mapping, stages: list, machine, dtype: str, name: str, shape_o
     pb.meta("compiler", {"family": dec.family, "machine": machine.name, "dtype": dtype,
                          "max_context": dec.max_context, "vocab": dec.vocab,
                          "hidden": dec.hidden, "layers": len(dec.layers),
-                         "mapping": "wafer", "grid": mp.geo.n,
+                         "mapping": "wafer", "grid": mp.geo.n, "sequences": mp.seqs,
                          "predicted_cycles": mp.predicted, "wafers": wafers,
                          "stages": [dict(s, rect=list(s["rect"])) for s in stages]})
     try:
@@ -944,7 +1055,7 @@ def _pack(pb, mp: Mapping, stages: list, machine, dtype: str, name: str, shape_o
         entry[2].append(f"s{k}.{st['name']}")
     program = with_model(program, dec.plan.graph.config, "mesh", "wafer", machine, dtype, 1,
                          list(parts.values()), shape_only, mp.groups if split else (),
-                         crossings)
+                         crossings, mp.seqs)
     sram = program.regions_sram_bytes()
     worst = max(range(len(sram)), key=lambda i: sram[i])
     if sram[worst] > machine.sram_bytes:
@@ -963,7 +1074,8 @@ def _pack(pb, mp: Mapping, stages: list, machine, dtype: str, name: str, shape_o
         fabric=(box.w, box.h), pes=pes, sram_max=max(sram),
         sram_mean=sum(b * r.rect.size for b, r in zip(sram, program.regions)) / pes,
         colors=program.colors_used(), stages=stages, predicted=dict(mp.predicted),
-        grid=mp.geo.n, wafers=wafers)
+        grid=mp.geo.n, wafers=wafers, sequences=mp.seqs,
+        step_cycles=pipelined_cycles(mp.predicted, mp.seqs))
     return program, report
 
 
