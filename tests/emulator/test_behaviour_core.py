@@ -1,45 +1,147 @@
-"""The Numba core's machinery: the SIMD-width rule against isa.spec, growing pools, progress
-reports, traces and the per-Loaded table cache. Every run is compared with the reference."""
+"""The Numba core's machinery seen from outside: every tensor op class and dtype mix at the
+machine's widths, runs that outgrow the core's first-run pools, a run after one cut short, a
+Loaded run again, progress reports, traces and memory. Each run is compared with the reference
+interpreter (and NumPy where it gives the bits) through core.run, reference.run and RunResult."""
 
 from __future__ import annotations
 
 import gc
 import itertools
+import weakref
 
 import numpy as np
 import pytest
 
 from wse_emu.emulator import core
 from wse_emu.emulator.api import execute
-from wse_emu.emulator.core_exec import simd_variant
-from wse_emu.emulator.core_state import (CL_KIND, K_MESSAGES, K_QUEUED, Q_QUEUED, _STATIC, State,
-                                 class_kinds,
-                                 simd_key_table, static)
 from wse_emu.emulator.load import load, read_output, write_input
-from wse_emu.isa.machine import load_machine
 from wse_emu.emulator.reference import run as reference_run
-from wse_emu.emulator.result import RUN_HALTED, RUN_MAX_CYCLES
+from wse_emu.emulator.result import F_SCALAR_MEM, RUN_FAULT, RUN_HALTED, RUN_MAX_CYCLES
 from wse_emu.isa.builder import ProgramBuilder
-from wse_emu.isa.spec import COST_CLASSES, DTYPES, FIXED_CLASSES, SIMD_KEYS, simd_key
+from wse_emu.isa.machine import load_machine
+from wse_emu.isa.spec import COST_CLASSES, DTYPES
 from programs.conftest import build, same_run
+from tests.emulator.core_programs import Run, big_messages, bursts, repeated_columns
 
 
-def test_simd_variant_follows_isa_spec_simd_key_for_every_class_and_dtype_mix():
-    keys = simd_key_table()
-    kinds = class_kinds()
-    for ci, name in enumerate(COST_CLASSES):
-        if name in FIXED_CLASSES:
-            continue
-        for nd in (1, 2, 3):
-            for dts in itertools.product(DTYPES.values(), repeat=nd):
-                padded = list(dts) + [0] * (3 - nd)
-                variant = simd_variant(kinds[ci], padded[0], padded[1], padded[2], nd)
-                assert SIMD_KEYS[keys[ci, variant]] == simd_key(name, dts), (name, dts)
+def both(program, machine="tiny"):
+    """(core, reference) runs of `program` on fresh Loadeds."""
+    got = load(program, load_machine(machine))
+    want = load(program, load_machine(machine))
+    return Run(got, core.run(got)), Run(want, reference_run(want))
 
 
-class Run:  # what same_run compares
-    def __init__(self, loaded, result):
-        self.loaded, self.result = loaded, result
+# ---------------------------------------------------------------------------------------------
+# widths: every tensor op class over every dtype mix of its descriptors
+
+N = 96  # elements: a multiple of every SIMD width, and a different cycle count for each
+OPS = {  # mnemonic: descriptors it names (the rest of its operands are f registers)
+    "vmov": 2, "vfill": 1, "vadd": 3, "vmul": 3, "vmax": 3, "vadds": 2, "vmuls": 2,
+    "vfma": 2, "rsum": 1, "rmax": 1, "rdot": 2, "mv": 3, "vexp": 2,
+}
+CASES = [(op, dts) for op, nd in OPS.items()
+         for dts in itertools.product(DTYPES, repeat=nd)]
+
+
+def widths_program(cases):
+    """One PE per (op, dtypes) case on the 757 x 996 wse2 mesh, each running its op once."""
+    pb = ProgramBuilder("widths")
+    for i, (op, dts) in enumerate(cases):
+        rb = pb.region(f"c{i}", i % 16, i // 16, 1, 1)
+        rb.fli("f1", 0.75)
+        for d, dt in enumerate(dts):
+            n = {"mv": (8, 96, 12)[d]}.get(op, N)  # y (8), W (8 x 12), x (12)
+            buf = rb.alloc(f"b{d}", 4 * n)
+            rb.init(buf, dt, [0.125 * ((j * 7 + d) % 9 - 4) for j in range(n)])
+            rb.dmem(d, dt, buf, 8 if op == "mv" and d == 1 else n)
+            if op == "mv" and d == 1:
+                rb.d2d(1, 12, 8)
+        args = {"vfill": (0, "f1"), "vadds": (0, 1, "f1"), "vmuls": (0, 1, "f1"),
+                "vfma": (0, 1, "f1"), "rsum": ("f2", 0), "rmax": ("f2", 0),
+                "rdot": ("f2", 0, 1)}.get(op, tuple(range(len(dts))))
+        rb.emit(op, *args)
+        rb.halt()
+    return pb.build()
+
+
+@pytest.mark.parametrize("part", range(3))
+def test_every_tensor_class_and_dtype_mix_takes_the_cycles_of_its_simd_width(part):
+    """The core picks each op's SIMD width from its class and its descriptors' dtypes as the
+    reference does from isa.spec.simd_key (wse2: a different width for every key but one)."""
+    cases = CASES[part::3]
+    got, want = both(widths_program(cases), "wse2")
+    same_run(got, want)
+    assert got.result.outcome == RUN_HALTED
+    classes = {COST_CLASSES_INDEX[c] for c in ("move", "add", "mul", "max", "fmac", "special")}
+    assert all(got.result.class_counts[c] > 0 for c in classes)
+
+
+COST_CLASSES_INDEX = {name: i for i, name in enumerate(COST_CLASSES)}
+
+
+# ---------------------------------------------------------------------------------------------
+# pools, scratch and the undo log grow during a run, and change nothing
+
+
+@pytest.mark.parametrize("program", [
+    pytest.param(bursts, id="390-messages-768-deliveries-in-flight"),
+    pytest.param(lambda: big_messages(6, 2), id="60000-payload-wavelets-held"),
+    pytest.param(lambda: big_messages(2, 4), id="80000-payload-wavelets-through-a-pool-reused"),
+])
+def test_runs_with_many_messages_in_flight_equal_the_reference(program):
+    got, want = both(program())
+    same_run(got, want)
+    assert got.result.outcome == RUN_HALTED
+
+
+def test_the_messages_of_a_burst_arrive_intact():
+    """bursts: every PE adds up k messages from itself and k from (0,0), each the source
+    vector plus 0.25 i after the i-th send."""
+    k, n = 6, 2
+    got, _ = both(bursts(k, n))
+    sent = np.array([0.5 + j for j in range(n)], np.float32)
+    want = np.zeros(n, np.float32)
+    for i in range(1, k + 1):
+        want = want + (sent + 0.25 * i)
+        want = want + (sent + 0.25 * i)
+    at = bursts(k, n).regions[0].allocs[1].addr  # acc
+    for p in range(64):
+        np.testing.assert_array_equal(
+            got.loaded.sram_view()[p, at:at + 4 * n].view(np.float32), want)
+
+
+def test_an_op_longer_than_the_scratch_rows_equals_the_reference():
+    """120 000-element operands (a stride-0 outer dimension) from 1000 words of SRAM."""
+    got, want = both(repeated_columns(1000, 120, 2))
+    same_run(got, want)
+
+
+def faulting_after_writes():
+    """One PE writes 40 KB of SRAM three times over, then reads past its SRAM: the core
+    replays the run from the SRAM it started with, so its log of old contents must hold them
+    all."""
+    pb = ProgramBuilder("writes")
+    rb = pb.region("pe", 0, 0, 1, 1)
+    buf = rb.alloc("buf", 4 * 10000)
+    rb.dmem(0, "f32", buf, 10000)
+    rb.fli("f1", 0.5)
+    for _ in range(3):
+        rb.vfill(0, "f1")
+        rb.fadd("f1", "f1", "f1")
+    rb.li("r1", 1 << 20)
+    rb.lw("r2", "r1", 0)
+    rb.halt()
+    return pb.build()
+
+
+def test_a_run_that_faults_after_writing_much_sram_ends_as_the_reference():
+    got, want = both(faulting_after_writes())
+    same_run(got, want)
+    assert (got.result.outcome, got.result.fault_reason) == (RUN_FAULT, F_SCALAR_MEM)
+
+
+# ---------------------------------------------------------------------------------------------
+# a Loaded run again: after a full run, after one cut short, from the SRAM the last one left
 
 
 def exchange(messages=12, n=16):
@@ -53,14 +155,10 @@ def exchange(messages=12, n=16):
     rb = pb.region("row", 0, 0, 3, 1)
     buf = rb.alloc("buf", 4 * n)
     acc = rb.alloc("acc", 4 * n)
-    big = rb.alloc("big", 4 * 3000)
     rb.init(buf, "f32", [0.25 * i for i in range(n)])
     rb.dmem(0, "f32", buf, n)
     rb.dmem(3, "f32", acc, n)
-    rb.dmem(4, "f32", big, 3000)  # more elements than the scratch rows hold at first
     rb.fli("f1", 1.5)
-    rb.vfill(4, "f1")
-    rb.rsum("f2", 4)
     rb.li("r1", messages)
     rb.li("r3", 2)
     rb.beq("X", "r3", "recv")
@@ -90,293 +188,51 @@ def exchange(messages=12, n=16):
     return pb.build()
 
 
-def _run_with(state_edit, program, machine="test64"):
-    """Run on the core with State arrays edited first (e.g. tiny pools), and on the reference."""
-    ld = load(program, load_machine(machine))
-    state = State(ld, None, False, False, 0)
-    state_edit(state)
-    core._drive(state, None)
-    got = core._result(state, None)
-    ref_ld = load(program, load_machine(machine))
-    want = reference_run(ref_ld)
-
-    same_run(Run(ld, got), Run(ref_ld, want))
-    return got
-
-
-def _tiny_pools(state):
-    state.dl = np.zeros((1, state.dl.shape[1]), np.int64)
-    state.msg = np.zeros((1, state.msg.shape[1]), np.int64)
-    state.payload = np.zeros(20, np.uint32)
-    state.scratch = np.zeros((4, 8), np.float32)
-
-
-def test_pools_grow_and_compact_without_changing_anything():
-    r = _run_with(_tiny_pools, exchange())
-    assert r.outcome == RUN_HALTED and r.messages == 24 and r.bp_stall.sum() > 0
-
-
-def test_the_payload_pool_is_compacted_in_place_when_holes_suffice():
-    seen = []
-
-    def small_pool(state):
-        state.payload = np.zeros(64, np.uint32)  # four messages' worth: far fewer than sent
-        seen.append(state)
-
-    r = _run_with(small_pool, exchange(messages=40))
-    assert r.messages == 80
-    assert seen[0].payload.shape[0] < 80 * 16  # reused, not grown to hold every message
-
-
-def test_progress_is_reported_and_does_not_change_the_run(monkeypatch):
-    program = exchange(messages=30)
-    plain = execute(program, "test64")
-    calls = []
-    monkeypatch.setattr(core, "PROGRESS_SECONDS", 0.0)
-    monkeypatch.setattr(core, "SLICE_SECONDS", 0.0)  # a return every few dozen steps
-    monkeypatch.setattr(core, "FIRST_BUDGET", 16)
-    monkeypatch.setattr(core, "MIN_BUDGET", 16)
-    reported = execute(program, "test64", progress=lambda c, i: calls.append((c, i)))
-    same_run(plain, reported)
-    assert len(calls) > 5
-    assert all(b[1] >= a[1] for a, b in zip(calls, calls[1:]))
-    assert calls[-1][1] <= int(plain.result.instructions.sum())
-
-
-def test_trace_lists_every_chunk_in_the_reference_order():
-    program = exchange(messages=5)
-    a = execute(program, "test64", engine="core", trace=True)
-    b = execute(program, "test64", engine="reference", trace=True)
-    same_run(a, b)
-    assert a.result.trace == b.result.trace
-    names = list(COST_CLASSES)
-    tensor_ops = int(a.result.class_counts[[names.index(c) for c in ("move", "add")]].sum())
-    assert len(a.result.trace) >= tensor_ops
-    assert all(isinstance(v, int) for v in a.result.trace[0])
-
-
-def test_trace_cap_keeps_the_first_chunks_and_the_buffer_grows_to_it():
-    program = exchange(messages=5)
-    full = execute(program, "test64", trace=True).result.trace
-
-    def small_trace(state):
-        state.trace = np.zeros((2, 4), np.int64)
-
-    ld = load(program, load_machine("test64"))
-    state = State(ld, None, True, True, 9)
-    small_trace(state)
-    core._drive(state, None)
-    assert core._result(state, None).trace == full[:9]
-
-
-def test_the_table_cache_lets_go_of_a_dropped_loaded():
-    ld = load(exchange(messages=1), load_machine("tiny"))
-    core.run(ld)
-    key = id(ld)
-    assert key in _STATIC
-    del ld
-    gc.collect()
-    assert key not in _STATIC
-
-
-def test_the_reference_refuses_a_timing_only_loaded():
-    from wse_emu.emulator import reference
-    ld = load(exchange(messages=1), load_machine("tiny"), with_data=False)
-    with pytest.raises(ValueError, match="functional programs only"):
-        reference.run(ld)
-
-
-def test_class_table_holds_the_machine_widths():
-    ld = load(exchange(messages=1), load_machine("wse2"))
-    table = State(ld, None, False, False, 0).classes
-    fmac = list(COST_CLASSES).index("fmac")
-    widths = dict(load_machine("wse2").simd)
-    keys = simd_key_table()
-    for variant in range(CL_KIND):
-        assert table[fmac, variant] == widths[SIMD_KEYS[keys[fmac, variant]]]
-
-
-def test_the_scheduler_heap_orders_like_heapq():
-    """Push, replace-top and pop of packed (clock, PE) keys against Python's heapq."""
-    import heapq
-    import random
-
-    from wse_emu.emulator.core_fabric import heap_pop_top, heap_push, heap_replace_top, still_first
-    r = random.Random(5)
-    n, bits = 200, 8
-    heap = np.zeros(n, np.int64)
-    size, ref, out = 0, [], set(range(n))
-    for _ in range(5000):
-        op = r.random()
-        if op < 0.4 and out:
-            p = r.choice(sorted(out))
-            out.discard(p)
-            c = r.randint(0, 40)
-            size = heap_push(heap, size, c << bits | p)
-            heapq.heappush(ref, (c, p))
-        elif size:
-            c, p = ref[0]
-            assert int(heap[0]) == c << bits | p
-            if op < 0.7:
-                new = c + r.randint(0, 15)
-                rest_first = len(ref) == 1 or (new, p) < min(ref[1:])
-                assert still_first(heap, size, new << bits | p) == rest_first
-                heap_replace_top(heap, size, new << bits | p)
-                heapq.heapreplace(ref, (new, p))
-            else:
-                size = heap_pop_top(heap, size)
-                heapq.heappop(ref)
-                out.add(p)
-    assert size == len(ref)
-
-
-def test_a_heap_above_the_prefetch_size_orders_like_heapq():
-    """A heap larger than HEAP_PREFETCH_MIN (where sifting down prefetches the level below)
-    pops the same keys as heapq, through replace-top and pop."""
-    import heapq
-
-    from wse_emu.emulator.core_fabric import HEAP_PREFETCH_MIN, heap_pop_top, heap_push, heap_replace_top
-    rng = np.random.default_rng(7)
-    n, bits = HEAP_PREFETCH_MIN + 1000, 17
-    clocks = rng.integers(0, 1 << 20, n)
-    heap = np.zeros(n, np.int64)
-    size, ref = 0, []
-    for p in range(n):
-        size = heap_push(heap, size, int(clocks[p]) << bits | p)
-        heapq.heappush(ref, int(clocks[p]) << bits | p)
-    for step in range(3000):
-        assert int(heap[0]) == ref[0]
-        if step % 3:
-            new = ref[0] + (int(rng.integers(1, 1 << 10)) << bits)
-            heap_replace_top(heap, size, new)
-            heapq.heapreplace(ref, new)
-        else:
-            size = heap_pop_top(heap, size)
-            heapq.heappop(ref)
-    assert size == len(ref)
-    assert sorted(heap[:size].tolist()) == sorted(ref)
-
-
-def highest_descriptor_program(top: int):
-    """Two PEs: a vector op and an mv on descriptors d0, d(top - 1) and d(top // 2), then a
-    descriptor that names a register only as a fabric operand on the last one."""
-    pb = ProgramBuilder(f"dregs-{top}")
-    pb.route(0, 0, 1, 1, 0, rx="RAMP", tx="E")
-    pb.route(1, 0, 1, 1, 0, rx="W", tx="RAMP")
-    rb = pb.region("row", 0, 0, 2, 1)
-    w = rb.alloc("w", 4 * 16)
-    x = rb.alloc("x", 4 * 4)
-    y = rb.alloc("y", 4 * 4)
-    rb.init(w, "f32", [0.5 * i - 3 for i in range(16)])
-    rb.init(x, "f32", [1.0, -2.0, 0.25, 4.0])
-    hi, mid = top - 1, top // 2
-    rb.dmem(hi, "f32", w, 4)
-    rb.d2d(hi, 4, 4)
-    rb.dmem(0, "f32", x, 4)
-    rb.dmem(mid, "f32", y, 4)
-    rb.mv(mid, hi, 0)
-    rb.vadd(0, 0, mid)
-    rb.beq("X", "r0", "send")
-    rb.dfin(hi, "f32", 0, 4)
-    rb.vmov(0, hi)
-    rb.halt()
-    rb.label("send")
-    rb.dfout(hi, "f32", 0, 4)
-    rb.vmov(hi, 0)
-    rb.halt()
-    return pb.build()
-
-
-@pytest.mark.parametrize("top", [3, 9, 16])
-def test_the_descriptor_table_holds_the_registers_the_code_names_and_runs_as_the_reference(top):
-    program = highest_descriptor_program(top)
-    ld = load(program, load_machine("tiny"))
-    state = State(ld, None, False, False, 1000)
-    assert state.dsd.shape[1] == top  # d(top - 1) is the highest register named
-    got = Run(ld, core.run(ld))
-    want_ld = load(program, load_machine("tiny"))
-    same_run(got, Run(want_ld, reference_run(want_ld)))
-    assert got.result.outcome == RUN_HALTED
-
-
-def _queue_programs(rng):
-    """(name, Loaded) of programs whose wavelets take every kind of route: multicast down
-    columns and streams along rows (gemv), chains and trees (allreduce), a row (softmax)."""
+def _routed_programs(rng):
+    """(name, machine, program, inputs) whose wavelets take every kind of route: multicast
+    down columns and streams along rows (gemv), chains and trees (allreduce), a row (softmax),
+    backpressure (exchange)."""
     w = rng.standard_normal((64, 64), dtype=np.float32)
-    gemv = load(build("gemv", {"W": w}, M=64, K=64, P=4, Q=4), load_machine("tiny"))
-    write_input(gemv, "x", rng.standard_normal(64, dtype=np.float32))
-    tree = load(build("allreduce", N=16, NX=4, NY=4, MODE=1), load_machine("test64"))
-    write_input(tree, "v", rng.standard_normal((16, 16), dtype=np.float32))
-    soft = load(build("softmax", N=120, Q=3), load_machine("tiny"))
-    write_input(soft, "x", rng.standard_normal(120, dtype=np.float32))
-    return [("gemv", gemv), ("allreduce", tree), ("softmax", soft)]
+    return [
+        ("gemv", "tiny", build("gemv", {"W": w}, M=64, K=64, P=4, Q=4),
+         {"x": rng.standard_normal(64, dtype=np.float32)}),
+        ("allreduce", "test64", build("allreduce", N=16, NX=4, NY=4, MODE=1),
+         {"v": rng.standard_normal((16, 16), dtype=np.float32)}),
+        ("softmax", "tiny", build("softmax", N=120, Q=3),
+         {"x": rng.standard_normal(120, dtype=np.float32)}),
+        ("exchange", "test64", exchange(), {}),
+    ]
 
 
-def test_a_run_writes_only_the_input_queues_routes_deliver_to():
-    """State resets only Static.queue_slots between runs: every other queue row must stay
-    zero through a run."""
-    for name, ld in _queue_programs(np.random.default_rng(5)):
-        state = State(ld, None, False, False, 0)
-        core._drive(state, None)
-        assert state.counters[K_MESSAGES] > 0, name
-        others = np.ones(len(state.queue), bool)
-        others[state.fixed.queue_slots] = False
-        assert others.any() and not state.queue[others].any(), name
-        assert state.queue[state.fixed.queue_slots].any(), name  # the slots were used
+@pytest.mark.parametrize("case", range(4))
+def test_a_run_after_one_cut_short_at_any_cycle_equals_a_fresh_run(case):
+    """The same Loaded is run to a limit of c cycles (leaving wavelets queued, PEs blocked,
+    registers set) and then to its end, for every c of the run (the cuts that leave wavelets
+    queued are a few cycles of gemv's and softmax's): each full run equals a run of a fresh
+    Loaded holding the same SRAM, and the cut run equals the reference's cut."""
+    name, machine, program, inputs = _routed_programs(np.random.default_rng(5))[case]
+    m = load_machine(machine)
 
-
-def test_a_run_cut_short_with_wavelets_queued_leaves_nothing_for_the_next():
-    """A run stopped by --max-cycles leaves wavelets in input queues; the next run of the
-    same Loaded starts from empty queues and equals the reference's run of a fresh one."""
-    rng = np.random.default_rng(6)
-    w = rng.standard_normal((64, 64), dtype=np.float32)
-    x = rng.standard_normal(64, dtype=np.float32)
-
-    def fresh():
-        ld = load(build("gemv", {"W": w}, M=64, K=64, P=4, Q=4), load_machine("tiny"))
-        write_input(ld, "x", x)
+    def fresh(sram=None):
+        ld = load(program, m)
+        for key, value in inputs.items():
+            write_input(ld, key, value)
+        if sram is not None:
+            ld.sram[:] = sram
         return ld
+
     ld = fresh()
     full = core.run(fresh()).cycles
-    for cycles in range(1, full):  # the first cut with wavelets queued
-        cut = core.run(ld, max_cycles=cycles)
-        assert cut.outcome == RUN_MAX_CYCLES
-        if static(ld).buffers["queue"][:, Q_QUEUED].any():  # the buffer the next run reuses
-            break
-    else:
-        pytest.fail("no cut left wavelets queued")
-    assert not State(ld, None, False, False, 0).queue.any()
-    want_ld = fresh()
-    same_run(Run(ld, core.run(ld)), Run(want_ld, reference_run(want_ld)))
-
-
-def test_send_hints_name_each_pes_first_route_and_its_first_receiver():
-    """The scheduler prefetches, for the PE it will most likely run next, the row of its first
-    route (by color) and the queue and status of that route's first receiving PE. In a 3 x 3
-    gemv, row 0 multicasts x down its column on color 0 (first receiver: the PE below), the
-    other rows send their partial sums east on colors 1 and 2, and the last column of rows
-    1 and 2 sends nothing."""
-    ld = load(build("gemv", {"W": np.ones((6, 6), np.float32)}, M=6, K=6, P=3, Q=3, XROW=0, YCOL=2, FORM=1),
-              load_machine("wse3"))
-    hint = static(ld).send_hint
-    colors = ld.colors
-    index = {(int(x), int(y)): p for p, (x, y) in enumerate(zip(ld.pe_x, ld.pe_y))}
-    want = {}
-    for y in range(3):
-        for x in range(3):
-            if y == 0:
-                want[index[x, y]] = (index[x, y], 0, index[x, 1])
-            elif x < 2:
-                want[index[x, y]] = (index[x, y], 1 + x % 2, index[x + 1, y])
-            else:
-                want[index[x, y]] = None
-    assert len(want) == 9
-    for p, w in want.items():
-        if w is None:
-            assert tuple(hint[p]) == (-1, -1), p
-        else:
-            src, color, to = w
-            assert tuple(hint[p]) == (src * colors + color, to * colors + color), p
+    for i, cycles in enumerate(range(1, full)):
+        start = ld.sram.copy()
+        cut = core.run(ld, max_cycles=int(cycles))
+        # (a limit past the last instruction's start lets the run halt)
+        assert cut.outcome == RUN_MAX_CYCLES or (cut.outcome, cut.cycles) == (RUN_HALTED, full)
+        if i % 60 == 0:  # some cuts against the reference's: the cut itself is exact
+            ref = fresh(start)
+            same_run(Run(ld, cut), Run(ref, reference_run(ref, max_cycles=int(cycles))))
+        sram = ld.sram.copy()
+        same_run(Run(ld, core.run(ld)), Run(want := fresh(sram), core.run(want)))
 
 
 def registers_program():
@@ -415,9 +271,8 @@ def registers_program():
 
 
 def test_a_run_starts_from_the_registers_a_run_starts_with_whatever_ran_before():
-    """State resets only the integer registers the code can write and the f registers when
-    the code names any: a run after one that set them reads 0, 0.0 and an empty descriptor,
-    as the reference does from the same SRAM, and the read-only specials keep their values."""
+    """A run after one that set registers reads 0, 0.0 and an empty descriptor, as the
+    reference does from the same SRAM, and the read-only specials keep their values."""
     program = registers_program()
     ld = load(program, load_machine("tiny"))
     write_input(ld, "flag", np.array([1], np.int32))
@@ -431,21 +286,141 @@ def test_a_run_starts_from_the_registers_a_run_starts_with_whatever_ran_before()
     same_run(got, Run(want_ld, reference_run(want_ld)))
 
 
-def test_the_queued_wavelet_count_follows_the_queues_and_decides_the_next_reset():
-    """The loop keeps the wavelets in all input queues (K_QUEUED); a run that ends with none
-    lets the next skip resetting them, one cut short with some queued makes it reset them."""
-    w = np.random.default_rng(7).standard_normal((64, 64), dtype=np.float32)
-    ld = load(build("gemv", {"W": w}, M=64, K=64, P=4, Q=4), load_machine("tiny"))
-    write_input(ld, "x", np.ones(64, np.float32))
-    full = core.run(ld).cycles
-    seen = set()
-    for cycles in list(range(1, full)) + [None]:
-        state = State(ld, cycles, False, False, 0)
-        assert not state.queue[:, Q_QUEUED].any()  # reset, or left empty by the run before
-        core._drive(state, None)
-        core._result(state, cycles)
-        queued = int(state.queue[:, Q_QUEUED].sum())
-        assert state.counters[K_QUEUED] == queued
-        assert static(ld).queues_empty == (queued == 0)
-        seen.add(queued > 0)
-    assert seen == {True, False}
+def highest_descriptor_program(top: int):
+    """Two PEs: a vector op and an mv on descriptors d0, d(top - 1) and d(top // 2), then a
+    descriptor that names a register only as a fabric operand on the last one."""
+    pb = ProgramBuilder(f"dregs-{top}")
+    pb.route(0, 0, 1, 1, 0, rx="RAMP", tx="E")
+    pb.route(1, 0, 1, 1, 0, rx="W", tx="RAMP")
+    rb = pb.region("row", 0, 0, 2, 1)
+    w = rb.alloc("w", 4 * 16)
+    x = rb.alloc("x", 4 * 4)
+    y = rb.alloc("y", 4 * 4)
+    rb.init(w, "f32", [0.5 * i - 3 for i in range(16)])
+    rb.init(x, "f32", [1.0, -2.0, 0.25, 4.0])
+    hi, mid = top - 1, top // 2
+    rb.dmem(hi, "f32", w, 4)
+    rb.d2d(hi, 4, 4)
+    rb.dmem(0, "f32", x, 4)
+    rb.dmem(mid, "f32", y, 4)
+    rb.mv(mid, hi, 0)
+    rb.vadd(0, 0, mid)
+    rb.beq("X", "r0", "send")
+    rb.dfin(hi, "f32", 0, 4)
+    rb.vmov(0, hi)
+    rb.halt()
+    rb.label("send")
+    rb.dfout(hi, "f32", 0, 4)
+    rb.vmov(hi, 0)
+    rb.halt()
+    return pb.build()
+
+
+@pytest.mark.parametrize("top", [3, 9, 16])
+def test_programs_naming_few_or_all_descriptor_registers_run_as_the_reference(top):
+    got, want = both(highest_descriptor_program(top))
+    same_run(got, want)
+    assert got.result.outcome == RUN_HALTED
+
+
+# ---------------------------------------------------------------------------------------------
+# progress, traces, memory
+
+
+def test_progress_is_reported_and_does_not_change_the_run(monkeypatch):
+    program = exchange(messages=30)
+    plain = execute(program, "test64")
+    calls = []
+    monkeypatch.setattr(core, "PROGRESS_SECONDS", 0.0)
+    monkeypatch.setattr(core, "SLICE_SECONDS", 0.0)  # a return every few dozen steps
+    monkeypatch.setattr(core, "FIRST_BUDGET", 16)
+    monkeypatch.setattr(core, "MIN_BUDGET", 16)
+    reported = execute(program, "test64", progress=lambda c, i: calls.append((c, i)))
+    same_run(plain, reported)
+    assert len(calls) > 5
+    assert all(b[1] >= a[1] for a, b in zip(calls, calls[1:]))
+    assert calls[-1][1] <= int(plain.result.instructions.sum())
+
+
+def test_trace_lists_every_chunk_in_the_reference_order():
+    program = exchange(messages=5)
+    a = execute(program, "test64", engine="core", trace=True)
+    b = execute(program, "test64", engine="reference", trace=True)
+    same_run(a, b)
+    assert a.result.trace == b.result.trace
+    names = list(COST_CLASSES)
+    tensor_ops = int(a.result.class_counts[[names.index(c) for c in ("move", "add")]].sum())
+    assert len(a.result.trace) >= tensor_ops
+    assert all(isinstance(v, int) for v in a.result.trace[0])
+
+
+@pytest.mark.parametrize("cap", [1, 9, 29])
+def test_a_trace_cap_keeps_the_first_chunks(cap):
+    program = exchange(messages=5)
+    full = execute(program, "test64", trace=True).result
+    ld = load(program, load_machine("test64"))
+    capped = core.run(ld, trace=True, trace_cap=cap)
+    assert len(full.trace) > cap and capped.trace == full.trace[:cap]
+    assert capped.cycles == full.cycles
+
+
+def test_a_run_keeps_no_loaded_alive():
+    """What the core keeps of a Loaded between runs goes with it: dropping the last
+    reference frees it."""
+    ld = load(exchange(messages=1), load_machine("tiny"))
+    core.run(ld)
+    gone = weakref.ref(ld)
+    del ld
+    gc.collect()
+    assert gone() is None
+
+
+def test_the_reference_refuses_a_timing_only_loaded():
+    ld = load(exchange(messages=1), load_machine("tiny"), with_data=False)
+    with pytest.raises(ValueError, match="functional programs only"):
+        reference_run(ld)
+
+
+# ---------------------------------------------------------------------------------------------
+# the scheduler's heap: a pure function of its keys, checked against heapq
+
+
+@pytest.mark.parametrize("n, bits, steps", [(200, 8, 5000), (40000, 17, 3000)])
+def test_the_scheduler_heap_orders_like_heapq(n, bits, steps):
+    """Push, replace-top and pop of packed (clock, PE) keys against Python's heapq, on a
+    small heap and on one as large as a 200 x 200 mesh's (where sifting takes other paths)."""
+    import heapq
+    import random
+
+    from wse_emu.emulator.core_fabric import heap_pop_top, heap_push, heap_replace_top, still_first
+    r = random.Random(5)
+    heap = np.zeros(n, np.int64)
+    size, ref = 0, []
+    for p in range(n // 2):  # half full to start with
+        c = r.randint(0, 1 << 12)
+        size = heap_push(heap, size, c << bits | p)
+        heapq.heappush(ref, (c, p))
+    out = set(range(n // 2, n))
+    for _ in range(steps):
+        op = r.random()
+        if op < 0.4 and out:
+            p = out.pop()
+            c = r.randint(0, 1 << 12)
+            size = heap_push(heap, size, c << bits | p)
+            heapq.heappush(ref, (c, p))
+        elif size:
+            c, p = ref[0]
+            assert int(heap[0]) == c << bits | p
+            if op < 0.7:
+                new = c + r.randint(0, 15)
+                if n <= 1000:
+                    rest_first = len(ref) == 1 or (new, p) < min(ref[1:])
+                    assert still_first(heap, size, new << bits | p) == rest_first
+                heap_replace_top(heap, size, new << bits | p)
+                heapq.heapreplace(ref, (new, p))
+            else:
+                size = heap_pop_top(heap, size)
+                heapq.heappop(ref)
+                out.add(p)
+    assert size == len(ref)
+    assert sorted(heap[:size].tolist()) == sorted(c << bits | p for c, p in ref)
