@@ -44,7 +44,7 @@ CASES = [(op, dts) for op, nd in OPS.items()
 
 
 def widths_program(cases):
-    """One PE per (op, dtypes) case on the 757 x 996 wse2 mesh, each running its op once."""
+    """One PE per (op, dtypes) case on wse2, each running its op once."""
     pb = ProgramBuilder("widths")
     for i, (op, dts) in enumerate(cases):
         rb = pb.region(f"c{i}", i % 16, i // 16, 1, 1)
@@ -72,11 +72,9 @@ def test_every_tensor_class_and_dtype_mix_takes_the_cycles_of_its_simd_width(par
     got, want = both(widths_program(cases), "wse2")
     same_run(got, want)
     assert got.result.outcome == RUN_HALTED
-    classes = {COST_CLASSES_INDEX[c] for c in ("move", "add", "mul", "max", "fmac", "special")}
-    assert all(got.result.class_counts[c] > 0 for c in classes)
-
-
-COST_CLASSES_INDEX = {name: i for i, name in enumerate(COST_CLASSES)}
+    names = list(COST_CLASSES)
+    for c in ("move", "add", "mul", "max", "fmac", "special"):
+        assert got.result.class_counts[names.index(c)] > 0, c
 
 
 # ---------------------------------------------------------------------------------------------

@@ -227,6 +227,7 @@ def test_a_run_interrupted_anywhere_leaves_the_next_exact(alarm_interrupts, monk
     monkeypatch.setattr(core, "SLICE_SECONDS", 0.0005)  # many returns to Python a run
     program = many_products()
     serial = _core(program, helper=False)
+    start = load(program, load_machine("tiny")).sram
     ld = load(program, load_machine("tiny"))
     for delay in (0.002, 0.005, 0.01, 0.02, 0.04):
         signal.setitimer(signal.ITIMER_REAL, delay)
@@ -235,12 +236,8 @@ def test_a_run_interrupted_anywhere_leaves_the_next_exact(alarm_interrupts, monk
         except KeyboardInterrupt:
             pass
         signal.setitimer(signal.ITIMER_REAL, 0)
-        ld.sram[:] = serial_start(program)  # the interrupted run changed y and acc
+        ld.sram[:] = start  # an interrupted run has added to y and acc
         same_run(Run(ld, core.run(ld, helper=True)), serial)
-
-
-def serial_start(program):
-    return load(program, load_machine("tiny")).sram
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
