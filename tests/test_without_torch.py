@@ -56,3 +56,13 @@ def test_tests_of_imported_models_are_skipped_without_torch():
     summary = done.stdout.splitlines()[-1]
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "passed" in summary and "skipped" in summary and "error" not in summary, summary
+
+
+def test_compiler_tests_run_without_torch_against_the_golden_model():
+    """tests/compiler: models written with NumPy, numbers from the NumPy golden model; only
+    the comparisons with transformers itself skip."""
+    done = pytest_without_torch("tests/compiler/test_compiler_encoder.py")
+    summary = done.stdout.splitlines()[-1]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # the two golden-model prefills pass; BERT against transformers (fp32, bf16) skips
+    assert summary.startswith("2 passed, 2 skipped"), summary

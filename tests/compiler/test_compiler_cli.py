@@ -1,4 +1,6 @@
-"""`wse-emu compile | generate | run` end to end, as a user types them, against transformers.
+"""`wse-emu compile | generate | run` end to end, as a user types them, against the NumPy
+golden model (isa.graph_numpy, which tests/graph/test_hf_numerics.py checks against
+transformers): no PyTorch needed.
 
 Each command runs as a subprocess of the venv's `wse-emu`, so what is tested is the exit code,
 stdout/stderr and the files written, not the Python API underneath.
@@ -13,10 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-torch = pytest.importorskip("torch")
 from safetensors.numpy import load_file, save_file
 
-from tests.graph.hf_models import load_torch, make_bert, make_gpt2, make_llama
+from wse_emu.isa.compiler.pipeline import load_graph
+from wse_emu.isa.graph_numpy import GraphRunner
+from tests.compiler.np_models import make_bert, make_gpt2, make_llama
 
 WSE_EMU = str(Path(sys.executable).parent / "wse-emu")
 PROMPT = [1, 2, 3]
@@ -44,7 +47,6 @@ def assert_one_line_error(result, *fragments):
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    torch.set_num_threads(1)
     return tmp_path_factory.mktemp("cli")
 
 
@@ -108,16 +110,12 @@ def test_compile_reports_pes_sram_colors_and_placement(root, models, binaries):
 def reference_ids(models):
     out = {}
     for name in ("gpt2", "llama"):
-        model = load_torch(models[name])
-        with torch.no_grad():
-            ids = model.generate(torch.tensor([PROMPT]), max_new_tokens=TOKENS,
-                                 min_new_tokens=TOKENS, do_sample=False, pad_token_id=0)
-        out[name] = ids[0, len(PROMPT):].tolist()
+        out[name] = GraphRunner(load_graph(models[name])).generate_greedy(PROMPT, TOKENS)
     return out
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
-def test_generate_json_matches_transformers_greedy(name, root, binaries, reference_ids):
+def test_generate_json_matches_the_golden_models_greedy(name, root, binaries, reference_ids):
     result = wse("generate", binaries[name], "--prompt-ids", ",".join(map(str, PROMPT)),
                  "--tokens", TOKENS, "--json", cwd=root)
     assert result.returncode == 0, result.stderr
@@ -146,7 +144,7 @@ def test_generate_human_output(root, binaries, reference_ids):
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
-def test_run_one_token_gives_transformers_logits(name, root, models, binaries):
+def test_run_one_token_gives_the_golden_models_logits(name, root, models, binaries):
     work = root / f"run_{name}"
     work.mkdir()
     np.save(work / "ids.npy", np.array([5], dtype=np.int32))
@@ -154,14 +152,13 @@ def test_run_one_token_gives_transformers_logits(name, root, models, binaries):
                  cwd=work)
     assert result.returncode == 0, result.stderr
     got = np.load(work / "out" / "logits.npy")
-    with torch.no_grad():
-        want = load_torch(models[name])(torch.tensor([[5]])).logits[0].numpy()  # (1, vocab)
+    want = GraphRunner(load_graph(models[name])).prefill([5])  # (1, vocab)
     assert got.shape in (want.shape, want.shape[1:])
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-3,
                                atol=1e-4 * np.abs(want).max())
 
 
-def test_run_bert_gives_transformers_last_hidden_state(root, models):
+def test_run_bert_gives_the_golden_models_last_hidden_state(root, models):
     work = root / "run_bert"
     work.mkdir()
     compiled = wse("compile", models["bert"], "-o", "bert.bin", "--max-context", 8, cwd=work)
@@ -172,8 +169,7 @@ def test_run_bert_gives_transformers_last_hidden_state(root, models):
                  cwd=work)
     assert result.returncode == 0, result.stderr
     got = np.load(work / "out" / "last_hidden_state.npy")
-    with torch.no_grad():
-        want = load_torch(models["bert"])(torch.tensor(ids[None])).last_hidden_state[0].numpy()
+    want = GraphRunner(load_graph(models["bert"], max_context=8)).prefill(ids)
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4 * np.abs(want).max())
 
 

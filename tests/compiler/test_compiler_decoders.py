@@ -1,12 +1,13 @@
-"""Compiled GPT-2 and Llama decoders on the emulated wse3 against transformers (the bar).
+"""Compiled GPT-2 and Llama decoders on the emulated wse3 against transformers (the bar) and
+the NumPy golden model (isa.graph_numpy, checked against transformers in tests/graph).
 
-Random-weight models from tests/graph/hf_models.py; the mesh program runs one token per run
-with the KV cache resident in SRAM; prefill feeds the prompt token by token.
+Random-weight models written with NumPy (tests/compiler/np_models.py); the mesh program runs
+one token per run with the KV cache resident in SRAM; prefill feeds the prompt token by token.
+Only the tests named ..._transformers need PyTorch; the others run without it.
 """
 
 import numpy as np
 import pytest
-torch = pytest.importorskip("torch")
 
 from wse_emu.emulator.generate import Generator
 from wse_emu.emulator.load import LoadError
@@ -15,7 +16,7 @@ from wse_emu.isa.binfmt import dumps
 from wse_emu.isa.compiler import compile_model
 from wse_emu.isa.compiler.pipeline import load_graph
 from wse_emu.isa.graph_numpy import GraphRunner
-from tests.graph.hf_models import load_torch, make_gpt2, make_llama
+from tests.compiler.np_models import make_gpt2, make_llama
 
 PROMPT = [5, 17, 300]
 N_TOKENS = 8
@@ -32,10 +33,18 @@ def wse3():
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    torch.set_num_threads(2)
     root = tmp_path_factory.mktemp("decoders")
     return {"gpt2": make_gpt2(root), "llama": make_llama(root),
-            "gpt2_bf16": make_gpt2(root, dtype="bfloat16", name="gpt2_bf16", seed=3)}
+            "gpt2_bf16": make_gpt2(root, dtype="bfloat16", name="gpt2_bf16", seed=3),
+            "llama_bf16": make_llama(root, dtype="bfloat16", name="llama_bf16", seed=4)}
+
+
+def _torch():
+    """PyTorch and transformers' model loader, or a skip where they are not installed."""
+    torch = pytest.importorskip("torch")
+    from tests.graph.hf_models import load_torch
+    torch.set_num_threads(2)
+    return torch, load_torch
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +54,7 @@ def compiled(models, wse3):
 
 
 def _torch_greedy(model_dir, prompt, n):
+    torch, load_torch = _torch()
     model = load_torch(model_dir)
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False)
@@ -110,18 +120,37 @@ def test_full_cache_is_refused(models, wse3):
         gen.step(1)
 
 
-def test_bf16_weights_match_the_golden_model(models, wse3):
-    """A bf16 checkpoint stored as bf16 in SRAM: the mesh reads the same numbers transformers
-    widens, and accumulates in fp32 (fmac mixed), so fp32 tolerances still hold. Its KV caches
-    are bf16 too (k and v rounded on append), which the golden model does the same way."""
-    path = models["gpt2_bf16"]
+def _bf16_logits(path, wse3):
     program, report = compile_model(path, wse3, dtype="bf16", max_context=MAX_CONTEXT)
     assert report.dtype == "bf16"
     gen = Generator(program, wse3, engine=ENGINE)
-    golden = GraphRunner(load_graph(path, max_context=MAX_CONTEXT), kv_dtype="bf16")
-    want = golden.prefill(PROMPT)
-    got = np.stack([gen.step(t) if i else gen.prefill([t]) for i, t in enumerate(PROMPT)])
+    return np.stack([gen.step(t) if i else gen.prefill([t]) for i, t in enumerate(PROMPT)])
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_bf16_weights_match_the_golden_model(family, models, wse3):
+    """A bf16 checkpoint stored as bf16 in SRAM: the mesh reads the same numbers transformers
+    widens, and accumulates in fp32 (fmac mixed), so fp32 tolerances still hold. Its KV caches
+    are bf16 too (k and v rounded on append), which the golden model does the same way."""
+    path = models[f"{family}_bf16"]
+    want = GraphRunner(load_graph(path, max_context=MAX_CONTEXT), kv_dtype="bf16").prefill(PROMPT)
+    got = _bf16_logits(path, wse3)
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_bf16_weights_match_transformers(family, models, wse3):
+    """The same against transformers, which widens the bf16 weights and keeps its KV cache in
+    fp32: the mesh's bf16 KV cache (2^-9 relative rounding) is all that differs."""
+    torch, load_torch = _torch()
+    path = models[f"{family}_bf16"]
+    got = _bf16_logits(path, wse3)
+    with torch.no_grad():
+        want = load_torch(path)(torch.tensor([PROMPT])).logits[0].numpy()
+    np.testing.assert_allclose(got, want, rtol=0, atol=BF16_KV_BOUND * np.abs(want).max())
+
+
+BF16_KV_BOUND = 1e-2
 
 
 @pytest.mark.parametrize("dtype, bound", [("fp16", 0.003), ("bf16", 0.02)])
@@ -152,13 +181,12 @@ def test_numba_core_agrees_with_the_reference(family, compiled, wse3):
     (make_llama, dict(hidden=64, tie=True, rope_theta=500000.0, kv_heads=4, layers=1)),
     (make_gpt2, dict(hidden=64, tie=False, activation="gelu", layers=3, heads=2)),
 ])
-def test_variants_match_transformers(make, options, tmp_path, wse3):
+def test_variants_match_the_golden_model(make, options, tmp_path, wse3):
     """Tied Llama head with another RoPE theta and plain multi-head attention; untied GPT-2
     with erf GELU, three layers and two heads."""
     path = make(tmp_path, seed=7, **options)
     program, _ = compile_model(path, wse3, max_context=4)
     gen = Generator(program, wse3, engine=ENGINE)
     got = np.stack([gen.step(t) for t in PROMPT])
-    with torch.no_grad():
-        want = load_torch(path)(torch.tensor([PROMPT])).logits[0].numpy()
+    want = GraphRunner(load_graph(path, max_context=4)).prefill(PROMPT)
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4 * np.abs(want).max())

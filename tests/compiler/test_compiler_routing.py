@@ -17,7 +17,7 @@ from wse_emu.isa.compiler.routing import E, N, RAMP, S, W, _Cells, _path_and_tre
 from wse_emu.isa.graph import bind_positions, to_json
 from wse_emu.isa.graph_numpy import GraphRunner
 from wse_emu.isa.program import Rect
-from tests.graph.hf_models import make_llama
+from tests.compiler.np_models import make_llama
 
 
 def _paint(rules, w, h):

@@ -20,7 +20,7 @@ from wse_emu.isa.compiler.pipeline import load_graph
 from wse_emu.isa.compiler.placement import Placed, _bands, _strips
 from wse_emu.isa.graph_numpy import GraphRunner
 from wse_emu.isa.program import Rect
-from tests.graph.hf_models import make_gpt2, make_llama
+from tests.compiler.np_models import make_gpt2, make_llama
 
 PROMPT = [5, 17, 300]
 

@@ -1,6 +1,6 @@
 """The loader's layout: every PE's SRAM is its own region's footprint (and the limit of its
-address checks), the vectorised footprints equal Program.region_sram_bytes, and every route
-tree error is one clear line."""
+address checks), the vectorised footprints equal Program.region_sram_bytes, a multicast tree
+loads its links once, and every route tree error is one clear line."""
 
 from __future__ import annotations
 
@@ -44,16 +44,14 @@ def _two_regions(small_reads: int | None = None, vector: bool = False):
 
 
 def test_every_pe_gets_its_own_regions_footprint():
+    """A PE's SRAM is its region's footprint, not the largest region's: the host holds the
+    sum of the footprints, and inputs land where each region's code reads them."""
     program = _two_regions()
     ld = load(program, load_machine("tiny"))
     foot = [program.region_sram_bytes(r) for r in program.regions]
     assert foot[0] > 4096 > 64 + 8 * len(program.regions[1].code) >= foot[1]
-    np.testing.assert_array_equal(ld.sram_len, [foot[0], foot[0], foot[1], foot[1]])
-    stride = [(f + 7) // 8 * 8 for f in foot]
-    np.testing.assert_array_equal(ld.sram_base, [0, stride[0], 2 * stride[0],
-                                                 2 * stride[0] + stride[1]])
-    assert ld.sram.size == 2 * stride[0] + 2 * stride[1]  # not 4 x the largest
-    assert ld.pe_stride == stride[0]
+    assert [ld.sram_view()[p].size for p in range(4)] == [foot[0], foot[0], foot[1], foot[1]]
+    assert ld.sram.nbytes < 2 * foot[0] + 2 * foot[1] + 4 * 8  # not 4 x the largest
     a = np.arange(8, dtype=np.int32).reshape(2, 4)
     b = 100 + a
     write_input(ld, "a", a)
@@ -61,8 +59,7 @@ def test_every_pe_gets_its_own_regions_footprint():
     for p, (sym, row) in enumerate([(a, 0), (a, 1), (b, 0), (b, 1)]):
         addr = program.regions[p // 2].allocs[0].addr
         assert ld.sram_view()[p, addr:addr + 16].view(np.int32).tolist() == sym[row].tolist()
-        assert ld.sram_view()[p].size == ld.sram_len[p]
-        np.testing.assert_array_equal(ld.region_sram(p // 2)[p % 2, :ld.sram_len[p]],
+        np.testing.assert_array_equal(ld.region_sram(p // 2)[p % 2, :foot[p // 2]],
                                       ld.sram_view()[p])
 
 
@@ -84,7 +81,7 @@ def test_an_address_only_another_region_declares_is_a_fault(vector, reason, engi
 
 def test_vectorised_footprints_equal_the_programs(tmp_path):
     from wse_emu.isa.compiler import compile_model
-    from tests.graph.hf_models import make_llama
+    from tests.compiler.np_models import make_llama
 
     programs = [build("gemv", {"W": rng.standard_normal((64, 64), dtype=np.float32)}, M=64,
                       K=64, P=2, Q=4, DT="bf16"),
@@ -110,25 +107,61 @@ def _routes(*rules, regions=((0, 0, 3, 1),)):
     return pb.build()
 
 
-def test_a_multicast_tree_is_walked_breadth_first():
-    # (0,0) sends east; (1,0) delivers and forwards east and south; (2,0) and (1,1) deliver
-    program = _routes((0, 0, 1, 1, 0, "RAMP", "E"), (1, 0, 1, 1, 0, "W", "E|S|RAMP"),
-                      (2, 0, 1, 1, 0, "W", "RAMP"), (1, 1, 1, 1, 0, "N", "RAMP"),
-                      regions=((0, 0, 3, 1), (1, 1, 1, 1)))
-    ld = load(program, load_machine("tiny"))
-    pe = {(int(x), int(y)): i for i, (x, y) in enumerate(zip(ld.pe_x, ld.pe_y))}
-    slot = pe[0, 0] * ld.colors
-    first, count = ld.tree_start[slot], ld.tree_count[slot]
-    w = ld.grid_w
+def multicast_program():
+    """(0,0) sends 8 wavelets east on color 0; (1,0) delivers and forwards east and south;
+    (2,0) and (1,1) deliver. Each receiver stores what it got."""
+    pb = ProgramBuilder("tree")
+    for rule in ((0, 0, 1, 1, 0, "RAMP", "E"), (1, 0, 1, 1, 0, "W", "E|S|RAMP"),
+                 (2, 0, 1, 1, 0, "W", "RAMP"), (1, 1, 1, 1, 0, "N", "RAMP")):
+        pb.route(*rule)
+    tx = pb.region("tx", 0, 0, 1, 1)
+    src = tx.alloc("src", 32)
+    tx.init(src, "f32", [1.5 * i - 2 for i in range(8)])
+    tx.dmem(0, "f32", src, 8)
+    tx.dfout(1, "f32", 0, 8)
+    tx.vmov(1, 0)
+    tx.halt()
+    for name, x, y in (("a", 1, 0), ("b", 2, 0), ("c", 1, 1)):
+        rx = pb.region(name, x, y, 1, 1)
+        got = rx.alloc("got", 32)
+        rx.dmem(0, "f32", got, 8)
+        rx.dfin(1, "f32", 0, 8)
+        rx.vmov(0, 1)
+        rx.halt()
+    return pb.build()
+
+
+@pytest.mark.parametrize("engine", ["core", "reference"])
+def test_a_multicast_tree_loads_every_link_once_and_delivers_to_every_leaf(engine):
+    """One injection: the wavelets cross each link of the tree once (link ids cell * 5 + port,
+    ports N E S W RAMP), no other link, and every leaf gets the same values."""
+    ex = execute(multicast_program(), "tiny", engine=engine)
+    r = ex.result
+    assert r.outcome == RUN_HALTED and r.messages == 1 and r.wavelets == 8
+    w = ex.loaded.grid_w
     link = lambda x, y, port: (y * w + x) * 5 + port  # noqa: E731
-    assert ld.tree_link[first:first + count].tolist() == [
-        link(0, 0, 1), link(1, 0, 1), link(1, 0, 2), link(1, 0, DIR_RAMP), link(2, 0, DIR_RAMP),
-        link(1, 1, DIR_RAMP)]
-    assert ld.tree_parent[first:first + count].tolist() == [-1, 0, 0, 0, 1, 2]
-    assert ld.tree_dest[first:first + count].tolist() == [-1, -1, -1, pe[1, 0], pe[2, 0],
-                                                          pe[1, 1]]
-    # only PEs whose route accepts RAMP send: (1,0) does not, on color 0
-    assert ld.tree_start[pe[1, 0] * ld.colors] == -1
+    tree = [link(0, 0, 1), link(1, 0, 1), link(1, 0, 2), link(1, 0, DIR_RAMP),
+            link(2, 0, DIR_RAMP), link(1, 1, DIR_RAMP)]
+    assert np.flatnonzero(r.link_wavelets).tolist() == sorted(tree)
+    assert r.link_wavelets[tree].tolist() == [8] * 6 and r.wavelet_hops == 8 * 6
+    sent = np.float32([1.5 * i - 2 for i in range(8)])
+    got = ex.loaded.program.regions[1].allocs[0].addr
+    for x, y in ((1, 0), (2, 0), (1, 1)):
+        p = next(i for i, (px, py) in enumerate(zip(ex.loaded.pe_x, ex.loaded.pe_y))
+                 if (px, py) == (x, y))
+        np.testing.assert_array_equal(ex.loaded.sram_view()[p, got:got + 32].view(np.float32),
+                                      sent)
+
+
+def test_a_leaf_one_hop_further_gets_the_wavelets_one_hop_later():
+    """(2,0) and (1,1) are both a hop past (1,0): they finish together; (1,0) a hop earlier.
+    The same on both engines."""
+    runs = [execute(multicast_program(), "tiny", engine=e) for e in ("core", "reference")]
+    assert runs[0].result.clock.tolist() == runs[1].result.clock.tolist()
+    ld = runs[0].loaded
+    clock = {(int(x), int(y)): int(c) for x, y, c in zip(ld.pe_x, ld.pe_y, runs[0].result.clock)}
+    hop = load_machine("tiny").hop_latency
+    assert clock[2, 0] == clock[1, 1] == clock[1, 0] + hop
 
 
 @pytest.mark.parametrize("rules, regions, message", [
