@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from wse_emu.isa.compiler.emit import ZR
+from wse_emu.isa.compiler.lower import CompileError
 
 RL = "r12"  # the layer block's HBM base address inside a layer's code
 S0 = "r10"  # scratch of smem for lengths past 16 bits
@@ -45,3 +46,31 @@ def smem(rb, d, addr: int, n, dtype="f32") -> None:
             rb.li(S0, n)
             n = S0
         rb.dlen(d, n)
+
+
+class _Arena:
+    """Bump allocation of one stage's SRAM buffers (every stage reuses the same space)."""
+
+    def __init__(self, base: int, limit: int, what: str, machine):
+        self.base, self.top, self.limit, self.what, self.machine = base, base, limit, what, machine
+
+    def take(self, nbytes: int, align: int = 64) -> int:
+        addr = -(-self.top // align) * align
+        self.top = addr + nbytes
+        if self.top > self.limit:
+            raise CompileError(f"stage '{self.what}' needs {self.top} bytes of SRAM a core but "
+                               f"machine '{self.machine.name}' has {self.machine.sram_bytes} "
+                               f"(with {self.base} for code): use a smaller max_context")
+        return addr
+
+
+class _Recorder:
+    """Stands in for a RegionBuilder: records every call, so that two layers' code compares."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        def record(*args, **kwargs):
+            self.calls.append((name, args, tuple(sorted(kwargs.items()))))
+        return record

@@ -60,8 +60,11 @@ def test_readme_shell_block_runs_as_written(tmp_path):
     generated = [p.stdout.splitlines()[0] for line, p in
                  zip([l for l in lines if not l.startswith(("source ", "wse-emu bench"))],
                      done) if line.startswith("wse-emu generate m")]
-    assert len(generated) == 2 and generated[0] == generated[1]  # "same ids" on h100
-    assert generated[0].startswith("generated ids")
+    # the same model on the wafer, h100, two wafers, a node of two GPUs: the same ids; with
+    # three sequences in flight, the first (the same prompt) gets them too
+    assert len(generated) == 5 and generated[0].startswith("generated ids")
+    assert generated[1:4] == [generated[0]] * 3
+    assert generated[4].split()[2:] == generated[0].split()[2:]  # "sequence 0  <ids>"
 
 
 PROGRAM_READMES = ["gemm", "softmax", "stress", "hbm_gemv"]

@@ -151,6 +151,11 @@ def test_wafer_parts_of_a_split_step_follow_the_prediction(tmp_path):
     for layer in range(first, first + count):
         got = end[layer] - prev
         want = report.predicted[f"layer {layer}"]
+        if layer == first + count - 1:
+            # its hand-off crosses to wafer 1: more wavelets than an input queue holds, so the
+            # senders stay blocked (backpressure) until the far side drains them, a link
+            # latency later (the prediction charges that latency to the crossing's part)
+            want += machine.link_latency
         assert abs(want - got) <= 0.25 * got, (layer, want, got)
         prev = end[layer]
 
