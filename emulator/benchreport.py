@@ -38,7 +38,8 @@ def _scaled(value, units, small: str) -> str:
     if value is None:
         return "-"
     for unit, scale in units:
-        if value >= scale:
+        # compared as shown: 0.9996 s is "1 s", not "1e+03 ms"
+        if float(f"{value / scale:.3g}") >= 1:
             return f"{value / scale:.3g} {unit}"
     return small
 

@@ -203,3 +203,11 @@ def test_bad_sequences_are_one_line(cli, user_error, tmp_path, value, fragment):
     user_error(cli("bench", "--models", "gpt2-small", "--sequences", value, "-o", "r",
                    cwd=tmp_path), fragment)
     assert not (tmp_path / "r").exists()
+
+
+def test_times_round_into_the_unit_they_are_shown_in():
+    from wse_emu.emulator.benchreport import fmt_bytes, fmt_seconds
+
+    assert fmt_seconds(0.9996) == "1 s" and fmt_seconds(0.9994) == "999 ms"
+    assert fmt_seconds(9.9996e-7) == "1 us" and fmt_seconds(2.5e-7) == "250 ns"
+    assert fmt_bytes(999.7) == "1 KB" and fmt_bytes(12) == "12 B"
