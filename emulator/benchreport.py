@@ -1,6 +1,7 @@
 """The outputs of `wse-emu bench` (emulator.benchsuite): the Markdown table, the comparison of
 resident-weight and HBM-streaming machines, the JSON file and the PNG plots (tokens/s of every
-model on every machine; a roofline of each machine with the models placed on it).
+model on every machine; per-user against aggregate tokens/s over the sequences in flight, the
+throughput curve; a roofline of each machine with the models placed on it).
 
 Everything here reads the JSON-able suite that `benchsuite.run_suite` returns, so a saved
 bench.json can be re-rendered. matplotlib is imported only when a plot is drawn.
@@ -26,7 +27,7 @@ def violations(suite: dict) -> list[str]:
         t = c["figures"].get("seconds_per_token")
         for check in c["checks"]:
             if not check["ok"]:
-                out.append(f"{c['model']} on {c['machine']}: {fmt_seconds(t)} a token is under "
+                out.append(f"{_label(c)}: {fmt_seconds(t)} a token is under "
                            f"the {check['name']} floor of {fmt_seconds(check['floor_seconds'])}")
     return out
 
@@ -37,7 +38,8 @@ def _scaled(value, units, small: str) -> str:
     if value is None:
         return "-"
     for unit, scale in units:
-        if value >= scale:
+        # compared as shown: 0.9996 s is "1 s", not "1e+03 ms"
+        if float(f"{value / scale:.3g}") >= 1:
             return f"{value / scale:.3g} {unit}"
     return small
 
@@ -69,67 +71,89 @@ def _floors_cell(case: dict) -> str:
     return f"{', '.join(parts)}: {verdict}"
 
 
+def _seqs(c: dict) -> int:
+    return int(c.get("sequences", 1) or 1)
+
+
+def _label(c: dict) -> str:
+    """"model on machine", with B when the case ran several sequences."""
+    b = _seqs(c)
+    return f"{c['model']} on {c['machine']}" + (f", B = {b}" if b > 1 else "")
+
+
+def _sequence_list(meta: dict) -> list[int]:
+    s = meta.get("sequences", 1)
+    return [s] if isinstance(s, int) else list(s)
+
+
 def markdown(suite: dict) -> str:
-    """The suite as Markdown: results with their physics floors, comparison, host cost."""
+    """The suite as Markdown: results with their physics floors, the throughput curve's table,
+    comparison, host cost."""
     meta, cases = suite["meta"], suite["cases"]
-    seqs = meta.get("sequences", 1)
-    flight = "batch 1" if seqs == 1 else f"{seqs} sequences in flight (tokens/s a sequence)"
+    bs = _sequence_list(meta)
+    flight = ("batch 1" if bs == [1] else f"B = {', '.join(map(str, bs))} sequences in flight "
+              f"(tokens/s a sequence and aggregate)")
     lines = [f"Decode, {flight}, weights {meta['dtype']}, shape-only compile + timing-only run "
              f"({meta['date']}, {meta['host']})", ""]
     if meta.get("command"):
         lines += [f"Command: `{meta['command']}`", ""]
-    lines += ["| model | machine | context | position | tokens/s | time/token | time/layer | "
-              "HBM bytes/token | fabric bytes/token | SIMD util | HBM util | hottest link | "
-              "floors (time/token must be >=) |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines += ["| model | machine | B | context | position | tokens/s a sequence | aggregate "
+              "tokens/s | time/step | time/layer | HBM bytes/step | fabric bytes/step | "
+              "SIMD util | HBM util | hottest link | floors (time/step must be >=) |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     notes = []
     for c in cases:
         ctx = c["max_context"] or "-"
         pos = "-" if c["position"] is None else c["position"]
         if c["status"] != "ok":
-            notes.append(f"{c['model']} on {c['machine']}: {c['reason']}")
-            lines.append(f"| {c['model']} | {c['machine']} | {ctx} | {pos} | {c['status']} "
-                         f"[{len(notes)}] | | | | | | | | |")
+            notes.append(f"{_label(c)}: {c['reason']}")
+            lines.append(f"| {c['model']} | {c['machine']} | {_seqs(c)} | {ctx} | {pos} | "
+                         f"{c['status']} [{len(notes)}] | | | | | | | | | |")
             continue
         f = c["figures"]
         layer = ("" if f["layer_time_measured"] else "~") + fmt_seconds(f["seconds_per_layer"])
         hbm = f["hbm_read_bytes_per_token"] + f["hbm_write_bytes_per_token"]
+        agg = f.get("aggregate_tokens_per_second", f["tokens_per_second"])
         lines.append(
-            f"| {c['model']} | {c['machine']} | {ctx} | {pos} | {f['tokens_per_second']:,.0f} | "
+            f"| {c['model']} | {c['machine']} | {_seqs(c)} | {ctx} | {pos} | "
+            f"{f['tokens_per_second']:,.0f} | {agg:,.0f} | "
             f"{fmt_seconds(f['seconds_per_token'])} | {layer} | {fmt_bytes(hbm)} | "
             f"{fmt_bytes(f['fabric_link_bytes_per_token'])} | "
             f"{fmt_fraction(f['simd_utilisation'])} | {fmt_fraction(f['hbm_utilisation'])} | "
             f"{fmt_fraction(f['link_utilisation_max'])} | {_floors_cell(c)} |")
     if notes:
         lines += [""] + [f"[{i}] {n}" for i, n in enumerate(notes, 1)]
-    for c in cases:  # per-sequence against aggregate throughput, and the first token's wait
+    lines += curve_table(cases)
+    for c in cases:  # the first token's wait
         f = c["figures"]
         if c["status"] == "ok" and "ttft_seconds" in f:
-            lines.append(f"- {c['model']} on {c['machine']}: {f.get('sequences', 1)} "
-                         f"sequence(s), {f['tokens_per_second']:,.0f} tokens/s a sequence, "
-                         f"{f.get('aggregate_tokens_per_second', f['tokens_per_second']):,.0f} "
-                         f"aggregate; first token of a {f['ttft_prompt_tokens']}-token prompt "
-                         f"{fmt_seconds(f['ttft_seconds'])}")
-    lines += ["", "Columns: context = the largest KV-cache length of "
+            lines.append(f"- {_label(c)}: first token of a {f['ttft_prompt_tokens']}-token "
+                         f"prompt {fmt_seconds(f['ttft_seconds'])}")
+    lines += ["", "Columns: B = sequences in flight (a step carries one token of each); "
+              "context = the largest KV-cache length of "
               f"{', '.join(map(str, CONTEXT_LADDER))} that "
               "compiles for the machine; position = the decoded position (the same on every "
-              "machine of a model); fabric bytes = wavelet-hops x 4 B (every link a wavelet "
-              "crosses); time/layer measured on mesh programs, ~ = time/token / layers on HBM "
+              "machine and B of a model); tokens/s a sequence = 1 / time a step, aggregate = B "
+              "x that; fabric bytes = wavelet-hops x 4 B (every link a wavelet "
+              "crosses); time/layer measured on mesh programs, ~ = time/step / layers on HBM "
               "programs; SIMD util = FLOPs / (peak x time); HBM util = bytes / (peak bandwidth x "
               "time); hottest link = its wavelets / cycles. Floors: HBM weights = weight bytes / "
-              "peak HBM bandwidth, HBM moved = reported HBM bytes / peak, SIMD = FLOPs / peak, "
-              "link = hottest link's wavelets / clock.", "", f"Batch: {meta['batch_sweep']}."]
+              "peak HBM bandwidth (all GPUs), HBM moved = reported HBM bytes / that peak, HBM "
+              "per GPU (a GPU node) = one GPU's weight bytes / one GPU's bandwidth, SIMD = "
+              "FLOPs of the step / peak, link = hottest fabric link's wavelets / clock, system "
+              "links (a system) = the bytes over the busiest pipe between two chips / the "
+              "link's bandwidth.", "", f"Batch: {meta['batch_sweep']}."]
     predicted = []
     for c in cases:
         f = c["figures"] if c["status"] == "ok" else {}
         if f.get("predicted_cycles_per_token"):
             want, got = f["predicted_cycles_per_token"], f["cycles_per_token"]
-            predicted.append(f"{c['model']} on {c['machine']}: predicted {want:,} cycles, "
+            predicted.append(f"{_label(c)}: predicted {want:,} cycles, "
                              f"emulated {got:,} (emulated / predicted {got / want:.2f})")
     if predicted:
         lines += ["", "The compiler's cost model beside the emulator (cycles a token):", ""] + \
             [f"- {p}" for p in predicted]
-    paths = [f"{c['model']} on {c['machine']}: " + ", ".join(
+    paths = [f"{_label(c)}: " + ", ".join(
                  f"{PARTS.get(k, k)} {_share(v / c['figures']['seconds_per_token'])}"
                  for k, v in sorted(c["figures"]["critical_path_seconds"].items(),
                                     key=lambda kv: -kv[1]))
@@ -141,11 +165,12 @@ def markdown(suite: dict) -> str:
     if comparison:
         lines += ["", "Resident weights vs HBM streaming:", ""] + [f"- {t}" for t in comparison]
     lines += ["", "Host cost per case (this machine):", "",
-              "| model | machine | compile | load | decode step | case total | peak RSS so far |",
-              "|---|---|---:|---:|---:|---:|---:|"]
+              "| model | machine | B | compile | load | decode step | case total | "
+              "peak RSS so far |",
+              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for c in cases:
         h = c["host"]
-        lines.append(f"| {c['model']} | {c['machine']} | "
+        lines.append(f"| {c['model']} | {c['machine']} | {_seqs(c)} | "
                      + " | ".join(fmt_seconds(h.get(k)) for k in
                                   ("compile_seconds", "load_seconds", "step_seconds",
                                    "case_seconds"))
@@ -155,15 +180,48 @@ def markdown(suite: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def curve_table(cases: list[dict]) -> list[str]:
+    """Markdown lines: per model and machine, tokens/s a sequence and aggregate at every B, and
+    both against B = 1 (the table behind throughput_curve.png); [] when every case has B 1."""
+    if all(_seqs(c) == 1 for c in cases):
+        return []
+    lines = ["", "Per-user against aggregate tokens/s (the throughput curve):", "",
+             "| model | machine | B | tokens/s a sequence | aggregate tokens/s | a sequence vs "
+             "B = 1 | aggregate vs B = 1 |", "|---|---|---:|---:|---:|---:|---:|"]
+    for (model, machine), group in _curves(cases).items():
+        one = next((c["figures"] for c in group if c["status"] == "ok" and _seqs(c) == 1), None)
+        for c in group:
+            if c["status"] != "ok":
+                lines.append(f"| {model} | {machine} | {_seqs(c)} | {c['status']} | | | |")
+                continue
+            f = c["figures"]
+            agg = f["aggregate_tokens_per_second"]
+            rel = (f"{f['tokens_per_second'] / one['tokens_per_second']:.2f}x",
+                   f"{agg / one['aggregate_tokens_per_second']:.2f}x") if one else ("-", "-")
+            lines.append(f"| {model} | {machine} | {_seqs(c)} | {f['tokens_per_second']:,.0f} | "
+                         f"{agg:,.0f} | {rel[0]} | {rel[1]} |")
+    return lines
+
+
+def _curves(cases: list[dict]) -> dict:
+    """(model, machine) -> its cases in ascending B."""
+    out: dict = {}
+    for c in cases:
+        out.setdefault((c["model"], c["machine"]), []).append(c)
+    return {k: sorted(v, key=_seqs) for k, v in out.items()}
+
+
 def compare(cases: list[dict], machines: dict) -> list[str]:
-    """Per model, every resident-weight (mesh) result against every HBM result: the ratio of
-    tokens/s and why (bytes per token, bandwidth, where each machine's time goes)."""
+    """Per model and B, every resident-weight (mesh) result against every HBM result: the
+    ratio of tokens/s and why (bytes per token, bandwidth, where each machine's time goes)."""
     out = []
-    by_model: dict[str, list[dict]] = {}
+    by_model: dict[tuple, list[dict]] = {}
     for c in cases:
         if c["status"] == "ok":
-            by_model.setdefault(c["model"], []).append(c)
-    for model, done in by_model.items():
+            by_model.setdefault((c["model"], _seqs(c)), []).append(c)
+    for (model, b), done in by_model.items():
+        if b > 1:
+            model = f"{model}, B = {b}"
         for mesh in (c for c in done if machines[c["machine"]]["kind"] != "hbm"):
             for hbm in (c for c in done if machines[c["machine"]]["kind"] == "hbm"):
                 fm, fh = mesh["figures"], hbm["figures"]
@@ -193,7 +251,8 @@ def compare(cases: list[dict], machines: dict) -> list[str]:
 
 
 def write_outputs(suite: dict, outdir) -> list[Path]:
-    """bench.md, bench.json, tokens_per_second.png and roofline-<machine>.png in `outdir`."""
+    """bench.md, bench.json, tokens_per_second.png, throughput_curve.png and
+    roofline-<machine>.png in `outdir`."""
     from wse_emu.isa.fileio import atomic_write
 
     out = Path(outdir)
@@ -203,6 +262,8 @@ def write_outputs(suite: dict, outdir) -> list[Path]:
     atomic_write(files[1], (json.dumps(suite, indent=1) + "\n").encode())
     files.append(out / "tokens_per_second.png")
     atomic_write(files[-1], plot_tokens_per_second(suite))
+    files.append(out / "throughput_curve.png")
+    atomic_write(files[-1], plot_throughput_curve(suite))
     for m in suite["meta"]["machines"]:
         files.append(out / f"roofline-{m['name']}.png")
         atomic_write(files[-1], plot_roofline(suite, m))
@@ -232,10 +293,12 @@ def _png(fig) -> bytes:
 
 
 def plot_tokens_per_second(suite: dict) -> bytes:
-    """PNG: tokens/s of every model on every machine (log scale), grouped by model; a case
-    that did not run is a labelled gap."""
+    """PNG: tokens/s of every model on every machine (log scale), grouped by model, at the
+    smallest B of the run (the throughput curve shows the others); a case that did not run is
+    a labelled gap."""
     plt = _pyplot()
-    cases = suite["cases"]
+    b0 = min(_sequence_list(suite["meta"]))
+    cases = [c for c in suite["cases"] if _seqs(c) == b0]
     models = list(dict.fromkeys(c["model"] for c in cases))
     machines = [m["name"] for m in suite["meta"]["machines"]]
     rates = [c["figures"]["tokens_per_second"] for c in cases if c["status"] == "ok"]
@@ -244,7 +307,9 @@ def plot_tokens_per_second(suite: dict) -> bytes:
     width = 0.8 / len(machines)
     for j, name in enumerate(machines):
         for i, model in enumerate(models):
-            c = next(c for c in cases if c["model"] == model and c["machine"] == name)
+            c = next((c for c in cases if c["model"] == model and c["machine"] == name), None)
+            if c is None:
+                continue
             x = i + (j - (len(machines) - 1) / 2) * width
             if c["status"] == "ok":
                 tps = c["figures"]["tokens_per_second"]
@@ -259,7 +324,8 @@ def plot_tokens_per_second(suite: dict) -> bytes:
     ax.set_ylim(bottom=bottom, top=max(rates) * 3 if rates else 10.0)
     ax.set_xticks(range(len(models)), models)
     ax.set_xlim(-0.5, len(models) - 0.5)
-    ax.set_ylabel("tokens/s (batch-1 decode, emulated)")
+    ax.set_ylabel(f"tokens/s a sequence, log scale ({b0} in flight, emulated)"
+                  if b0 > 1 else "tokens/s, log scale (batch-1 decode, emulated)")
     ax.set_title(f"Decode tokens/s, weights {suite['meta']['dtype']}; each bar: the KV "
                  f"context compiled (ctx) and the position decoded (pos)", fontsize=9)
     from matplotlib.patches import Patch
@@ -291,16 +357,17 @@ def plot_roofline(suite: dict, machine: dict) -> bytes:
                 label=f"achievable HBM (x{machine['hbm_efficiency']:g})")
     for i, c in enumerate(done):
         f = c["figures"]
-        y = f["flops_per_token"] * f["tokens_per_second"]
-        ax.plot(f["arithmetic_intensity"], y, "o", color=f"C{i}",
-                label=f"{c['model']} (ctx {c.get('max_context')}, pos {c.get('position')}): "
+        y = f.get("flops_per_step", f["flops_per_token"]) * f["tokens_per_second"]
+        b = f" B {_seqs(c)}" if _seqs(c) > 1 else ""
+        ax.plot(f["arithmetic_intensity"], y, "o", color=f"C{i % 10}",
+                label=f"{c['model']}{b} (ctx {c.get('max_context')}, pos {c.get('position')}): "
                       f"{y / 1e12:.3g} TFLOP/s")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("FLOPs per byte of weight traffic")
-    ax.set_ylabel("FLOP/s")
-    ax.set_title(f"{machine['name']}: batch-1 decode on the roofline")
-    if xs:
+    ax.set_xlabel("FLOPs per byte of weight traffic (log scale)")
+    ax.set_ylabel("FLOP/s (log scale)")
+    ax.set_title(f"{machine['name']}: decode on the roofline")
+    if xs and all(_seqs(c) == 1 for c in done):
         # batch 1 does one multiply-add per weight, so every model sits at the same x (2 FLOPs
         # per weight / its bytes): the chart compares heights, and says why
         ax.annotate("batch 1: one multiply-add per weight, so every model sits at\n"
@@ -309,4 +376,76 @@ def plot_roofline(suite: dict, machine: dict) -> bytes:
     ax.legend(fontsize=7)
     ax.grid(which="both", alpha=0.3)
     fig.tight_layout()
+    return _png(fig)
+
+
+def _plain(x, _pos=None) -> str:
+    """A log axis tick as the number it marks (no 10^k notation to misread)."""
+    if x >= 1e6:
+        return f"{x / 1e6:g}M"
+    if x >= 1e3:
+        return f"{x / 1e3:g}k"
+    return f"{x:g}"
+
+
+def plot_throughput_curve(suite: dict) -> bytes:
+    """PNG: per-user tokens/s (x) against aggregate tokens/s (y), both on log scales, one line
+    a model on a machine through its B = 1, 2, 4, ... points (each labelled with its B); the
+    dotted guides are aggregate = B x per-user. Cases that did not run are listed below."""
+    import numpy as np
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    plt = _pyplot()
+    curves = _curves(suite["cases"])
+    fig, ax = plt.subplots(figsize=(7.6, 5.8))
+    xs, ys, missing = [], [], []
+    markers = "osD^v<>ph*"
+    for i, ((model, machine), group) in enumerate(curves.items()):
+        done = [c for c in group if c["status"] == "ok"]
+        missing += [f"{machine} B={_seqs(c)} ({c['status']})" if len(curves) < 2 else
+                    f"{model} on {machine} B={_seqs(c)} ({c['status']})"
+                    for c in group if c["status"] != "ok"]
+        if not done:
+            continue
+        x = [c["figures"]["tokens_per_second"] for c in done]
+        y = [c["figures"]["aggregate_tokens_per_second"] for c in done]
+        xs += x
+        ys += y
+        ax.plot(x, y, "-", marker=markers[i % len(markers)], color=f"C{i % 10}",
+                label=f"{model} on {machine}")
+        for c, px, py in zip(done, x, y):
+            ax.annotate(f"B={_seqs(c)}", (px, py), textcoords="offset points", xytext=(5, 4),
+                        fontsize=7, color=f"C{i % 10}")
+    if xs:
+        lo_x, hi_x = min(xs) / 2, max(xs) * 2
+        lo_y, hi_y = min(ys) / 2, max(ys) * 2
+        guide = np.array([lo_x, hi_x])
+        for b in _sequence_list(suite["meta"]):
+            ax.plot(guide, guide * b, ":", color="0.6", lw=0.8, zorder=0)
+            # the guide's label where it leaves the plot on the right or at the top
+            gx = min(hi_x, hi_y / b) / 1.15
+            if lo_x < gx and lo_y < gx * b:
+                ax.annotate(f"aggregate = {b} x per-user", (gx, gx * b), fontsize=6,
+                            color="0.45", ha="right", va="bottom")
+        ax.set_xlim(lo_x, hi_x)
+        ax.set_ylim(lo_y, hi_y)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):
+        # ticks at 1, 2, 5 x 10^k written out in full: a log axis read as linear misleads
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(FuncFormatter(_plain))
+        axis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("tokens/s per user (one sequence), log scale")
+    ax.set_ylabel("aggregate tokens/s (all B sequences), log scale")
+    ax.set_title(f"Decode: per-user against aggregate tokens/s, B sequences in flight\n"
+                 f"weights {suite['meta']['dtype']}, emulated, one timing-only step a point",
+                 fontsize=9)
+    if xs:
+        ax.legend(fontsize=7, loc="upper left")
+    ax.grid(which="major", alpha=0.3)
+    if missing:
+        shown = "; ".join(missing[:8]) + ("; ..." if len(missing) > 8 else "")
+        fig.text(0.01, 0.01, "not run (bench.md says why): " + shown, fontsize=6, wrap=True)
+    fig.tight_layout(rect=(0, 0.04 if missing else 0, 1, 1))
     return _png(fig)

@@ -35,12 +35,21 @@ work. The step runs with `n_past` set to that position on an empty cache: timing
 depends on data values (docs/timing-model.md), so the cycles equal those of a sequence
 prefilled up to it, without emulating the prefill.
 
-Sequences (--sequences B): on the wafer mapping a step carries one token of each of B
-independent sequences, pipelined through the layers' regions; tokens/s is a sequence's (one
-token a step), the aggregate B times that, FLOPs and the SIMD floor count the B tokens of the
-step, and the time to first token of a prompt of position + 1 tokens is that many steps (a
-wafer-mapped step costs the same at every position). The HBM target does not batch yet: its
-cases are recorded as not compiled, with that reason.
+Sequences (--sequences 1,2,4,...): every case runs at each B of the list. On the wafer mapping a
+step carries one token of each of B independent sequences, pipelined through the layers'
+regions; an HBM machine runs a batched step where its compiler makes one (until then its B > 1
+cases are refused with the compiler's reason, like any case that does not compile). tokens/s is
+a sequence's (one token a step), the aggregate B times that, FLOPs and the SIMD floor count the
+B tokens of the step, and the time to first token of a prompt of position + 1 tokens is that
+many steps (a wafer-mapped step costs the same at every position). Every B of a model decodes
+the same position: the largest B is compiled first (B KV caches need the most SRAM), and the
+position it sets holds for the smaller ones.
+
+Systems (NAMExN: several wafers, a GPU node; docs/timing-model.md, "Systems"): peak FLOPs and
+HBM bandwidth are the system's (every chip's); two more floors apply. "system links": the
+bytes that crossed each pipe between two chips (RunResult.pipe_wavelets x wavelet bytes) over
+the link's bandwidth, the busiest pipe's; and on a GPU node "HBM per GPU": one GPU's weight
+bytes (the compiler's tensor-parallel share, meta "weight_hbm_bytes") over one GPU's bandwidth.
 """
 
 from __future__ import annotations
@@ -75,22 +84,51 @@ BUILTIN_MODELS = {
                    "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
                    "rope_theta": 500000.0, "torch_dtype": "bfloat16",
                    "tie_word_embeddings": False, "hidden_act": "silu"},
+    "llama-3-70b": {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                    "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+                    "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256,
+                    "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+                    "rope_theta": 500000.0, "torch_dtype": "bfloat16",
+                    "tie_word_embeddings": False, "hidden_act": "silu"},
 }
-DEFAULT_MODELS = tuple(BUILTIN_MODELS)
+# Llama-3-70B is opt-in (--models llama-3-70b): it needs a system (wse3x4, h100x8), and its
+# compiles and steps take minutes of host time, too long for the default run
+OPT_IN_MODELS = ("llama-3-70b",)
+DEFAULT_MODELS = tuple(m for m in BUILTIN_MODELS if m not in OPT_IN_MODELS)
 DEFAULT_MACHINES = ("wse3", "h100")
 CONTEXT_LADDER = (1024, 256, 64, 32, 16)  # tried largest first when --max-context is not given
 DTYPE_BYTES = {a: FLOAT_BYTES[n] for a, n in FLOAT_ALIASES.items()}  # every spelling -> bytes
 TOKEN_ID = 1  # the token fed to the measured decode step (timing does not depend on it)
 BATCH_NOTE = ("one sequence: the programs run one position of one sequence a run (input_ids "
-              "is (1,)); --sequences B keeps B sequences in flight on the wafer mapping")
+              "is (1,)); --sequences B keeps B sequences in flight")
 
 
-def sequences_note(sequences: int) -> str:
-    if sequences == 1:
+def sequences_note(sequences) -> str:
+    bs = [sequences] if isinstance(sequences, int) else list(sequences)
+    if bs == [1]:
         return BATCH_NOTE
-    return (f"{sequences} sequences in flight: a step carries one token of each, pipelined "
-            f"through the wafer mapping's regions; tokens/s is a sequence's, aggregate = "
-            f"{sequences} x that; the HBM target does not batch yet")
+    return (f"B = {', '.join(map(str, bs))} sequences in flight: a step carries one token of "
+            f"each (pipelined through the regions on the wafer mapping, batched on an HBM "
+            f"machine whose compiler makes a batched step); tokens/s is a sequence's, "
+            f"aggregate = B x that")
+
+
+def parse_sequences(text) -> list[int]:
+    """"1,2,4,8" (or an int, or a list of them) -> [1, 2, 4, 8]: distinct, ascending, >= 1."""
+    items = [text] if isinstance(text, int) else (
+        str(text).split(",") if isinstance(text, str) else list(text))
+    out = set()
+    for item in items:
+        item = str(item).strip()
+        if not item:
+            continue
+        if not item.isdigit() or int(item) < 1:
+            raise BenchError(f"--sequences takes positive integers separated by commas "
+                             f"(1,2,4,8), got {item!r}")
+        out.add(int(item))
+    if not out:
+        raise BenchError("--sequences: no value given (e.g. 1,2,4,8)")
+    return sorted(out)
 
 
 class BenchError(ValueError):
@@ -221,6 +259,12 @@ def is_hbm(machine) -> bool:
     return machine.kind == "hbm"
 
 
+def hbm_peak(machine) -> float:
+    """Peak HBM bytes/s of the whole machine: every GPU of a node has its own HBM (a preset's
+    hbm_bandwidth is one chip's)."""
+    return machine.hbm_bandwidth * machine.chips
+
+
 # ---------------------------------------------------------------------------------------------
 # One case
 
@@ -255,24 +299,33 @@ class Case:
 
 
 def compile_case(spec: ModelSpec, machine, dtype: str, max_context: int | None,
-                 sequences: int = 1):
+                 sequences: int = 1, above: int | None = None):
     """(program, report, context) at the largest context of the ladder that compiles (only
-    `max_context` when given); (None, reason, None) with the compiler's last refusal."""
+    `max_context` when given; only contexts above position `above` when given); (None,
+    reason, None) with the compiler's refusal: the last context's, or the one refusal every
+    context got (then the context did not matter and the reason does not name one)."""
     from wse_emu.isa.compiler.lower import CompileError
     from wse_emu.isa.compiler.pipeline import compile_model
 
-    reason = ""
-    if sequences > 1 and is_hbm(machine):
-        return None, (f"--sequences {sequences}: the HBM target runs one sequence (a batched "
-                      f"step is not implemented yet)"), None
-    for ctx in (max_context,) if max_context else CONTEXT_LADDER:
+    ladder = (max_context,) if max_context else tuple(
+        c for c in CONTEXT_LADDER if above is None or c > above)
+    if not ladder:
+        return None, (f"no context of {', '.join(map(str, CONTEXT_LADDER))} holds position "
+                      f"{above}"), None
+    refusals = []
+    for ctx in ladder:
         try:
             program, report = compile_model(spec.folder, machine, dtype=dtype, max_context=ctx,
                                              shape_only=True, sequences=sequences)
             return program, report, ctx
         except CompileError as e:
-            reason = f"max_context {ctx}: {spec.tell(str(e))}"  # a shorter context may fit
-    return None, reason, None
+            refusals.append((ctx, spec.tell(str(e))))  # a shorter context may fit
+            if len(refusals) > 1 and refusals[-1][1] == refusals[0][1]:
+                break  # two contexts, one refusal: it is not about the context
+    if len(refusals) > 1 and refusals[-1][1] == refusals[0][1]:
+        return None, refusals[-1][1], None
+    ctx, why = refusals[-1]
+    return None, f"max_context {ctx}: {why}", None
 
 
 def stage_of_pe(program, pe_region):
@@ -315,9 +368,11 @@ def critical_path(result, stage_of, stages: list[dict], layers: int, clock_hz: f
 
 
 def measure(case: Case, figures: ModelFigures, machine, dtype: str, result,
-            layer_s: list[float] | None = None, by_part: dict | None = None) -> None:
+            layer_s: list[float] | None = None, by_part: dict | None = None,
+            gpu_weight_bytes: int | None = None) -> None:
     """case.figures and case.checks from one decode step's RunResult (module docstring);
-    layer_s and by_part from critical_path when the program has one region per stage."""
+    layer_s and by_part from critical_path when the program has one region per stage;
+    gpu_weight_bytes: one GPU's weight bytes on a GPU node (its HBM floor)."""
     import numpy as np
 
     cycles = int(result.cycles)
@@ -333,6 +388,11 @@ def measure(case: Case, figures: ModelFigures, machine, dtype: str, result,
     hottest = int(links.max()) if links.size else 0
     peak = machine.peak_flops
     hbm = is_hbm(machine)
+    hbm_bw = hbm_peak(machine)
+    # the links between chips: bytes over each pipe, and the busiest pipe's floor
+    pipes = np.asarray(getattr(result, "pipe_wavelets", np.zeros(0)), dtype=np.int64)
+    pipe_bytes = [int(w) * machine.wavelet_bytes for w in pipes.tolist()]
+    system = machine.chips > 1 and machine.link_bandwidth > 0
     # where the weights are read from: HBM (what the run moved) or resident SRAM
     memory_bytes = hbm_moved if hbm and hbm_moved else wbytes
     case.figures = {
@@ -356,16 +416,27 @@ def measure(case: Case, figures: ModelFigures, machine, dtype: str, result,
         "hottest_link_wavelets": hottest,
         "peak_flops": peak,
         "simd_utilisation": flops / (peak * seconds),
-        "hbm_utilisation": hbm_moved / (machine.hbm_bandwidth * seconds) if hbm else None,
+        "hbm_utilisation": hbm_moved / (hbm_bw * seconds) if hbm else None,
         "link_utilisation_max": hottest / cycles,
         "link_utilisation_mean": float(used.mean()) / cycles if used.size else 0.0,
         "arithmetic_intensity": flops / max(memory_bytes, 1),
-        "memory_bandwidth": machine.hbm_bandwidth if hbm else sram_read_bandwidth(machine),
+        "memory_bandwidth": hbm_bw if hbm else sram_read_bandwidth(machine),
+        "chips": machine.chips,
+        "system_link_bytes_per_step": sum(pipe_bytes),
+        "pipe_bytes": pipe_bytes,
+        "hottest_pipe_utilisation": (max(pipe_bytes) / machine.link_bandwidth / seconds
+                                     if system and pipe_bytes else None),
+        "gpu_weight_bytes": gpu_weight_bytes,
     }
     floors = [("SIMD", flops / peak), ("link", hottest / machine.clock_hz)]
     if hbm:
-        floors[:0] = [("HBM weights", wbytes / machine.hbm_bandwidth),
-                      ("HBM moved", hbm_moved / machine.hbm_bandwidth)]
+        floors[:0] = [("HBM weights", wbytes / hbm_bw), ("HBM moved", hbm_moved / hbm_bw)]
+        if machine.chips > 1 and gpu_weight_bytes:
+            # every GPU streams its own share from its own HBM: the largest share bounds it
+            floors.insert(2, ("HBM per GPU", gpu_weight_bytes / machine.hbm_bandwidth))
+    if system:
+        # a pipe moves at most link_bandwidth bytes a second (docs/timing-model.md section 11)
+        floors.append(("system links", max(pipe_bytes, default=0) / machine.link_bandwidth))
     # a time equal to its floor (a saturated link) is physics, not a violation
     case.checks = [{"name": name, "floor_seconds": floor,
                     "ok": seconds >= floor or math.isclose(seconds, floor, rel_tol=1e-9)}
@@ -399,7 +470,10 @@ def run_case(case: Case, machine, dtype: str, program, position: int, figures: M
     stages = program.meta["compiler"]["stages"]
     layer_s, by_part = critical_path(result, stage_of_pe(program, gen.loaded.pe_region), stages,
                                      figures.layers, machine.clock_hz)
-    measure(case, figures, machine, dtype, result, layer_s, by_part)
+    gpu_bytes = None
+    if is_hbm(machine) and machine.chips > 1:
+        gpu_bytes = program.meta.get("compiler", {}).get("weight_hbm_bytes")
+    measure(case, figures, machine, dtype, result, layer_s, by_part, gpu_bytes)
     if program.model is not None and program.model.mapping == "wafer":
         # a prompt of position + 1 tokens: that many steps, each the measured step's cycles
         case.figures["ttft_prompt_tokens"] = position + 1
@@ -429,17 +503,17 @@ def predicted_cycles(program):
 
 
 def run_model(spec: ModelSpec, machines, dtype: str, max_context: int | None,
-              position: int | None, tick, sequences: int = 1) -> list[Case]:
-    """The cases of one model: compile for every machine, then decode the same position."""
-    from wse_emu.isa.compiler.lower import CompileError
-    from wse_emu.isa.compiler.pipeline import load_graph
-
+              position: int | None, tick, sequences: int = 1,
+              figures: ModelFigures | None = None) -> list[Case]:
+    """The cases of one model at one B: compile for every machine, then decode the same
+    position (`position`, or the last the smallest context among them holds)."""
     cases, compiled = [], {}
     for m in machines:
         case = Case(spec.name, m.name, sequences=sequences)
         tick.show(case, "compiling")
         t0 = time.perf_counter()
-        program, report, ctx = compile_case(spec, m, dtype, max_context, sequences)
+        program, report, ctx = compile_case(spec, m, dtype, max_context, sequences,
+                                            above=position)
         case.host["compile_seconds"] = time.perf_counter() - t0
         case.host["peak_rss_bytes"] = peak_rss_bytes()
         if program is None:
@@ -449,10 +523,8 @@ def run_model(spec: ModelSpec, machines, dtype: str, max_context: int | None,
             compiled[m.name] = program
         cases.append(case)
         tick.advance()
-    try:
-        figures = model_figures(load_graph(spec.folder, shape_only=True))
-    except CompileError as e:
-        raise BenchError(f"{spec.name}: {spec.tell(str(e))}") from None
+    if figures is None:
+        figures = figures_of(spec)
     if not compiled:
         for _ in cases:
             tick.advance()
@@ -476,13 +548,25 @@ def run_model(spec: ModelSpec, machines, dtype: str, max_context: int | None,
     return cases
 
 
+def figures_of(spec: ModelSpec) -> ModelFigures:
+    from wse_emu.isa.compiler.lower import CompileError
+    from wse_emu.isa.compiler.pipeline import load_graph
+
+    try:
+        return model_figures(load_graph(spec.folder, shape_only=True))
+    except CompileError as e:
+        raise BenchError(f"{spec.name}: {spec.tell(str(e))}") from None
+
+
 def run_suite(models, machines, dtype: str = "bf16", max_context: int | None = None,
               position: int | None = None, progress=None, command: str = "",
-              sequences: int = 1) -> dict:
-    """Every model on every machine: the JSON-able suite {"meta": ..., "cases": [...]}.
+              sequences=1) -> dict:
+    """Every model on every machine at every B: the JSON-able suite {"meta": ..., "cases":
+    [...]}, the cases ordered by model, machine, B.
 
     models: built-in names or HF config.json paths; machines: preset names, files or Machine
-    objects. progress(done, total, label) is called as the cases advance (a progress bar)."""
+    objects (systems NAMExN too); sequences: B or a list of B. progress(done, total, label) is
+    called as the cases advance (a progress bar)."""
     from wse_emu.isa.machine import load_machine
 
     if dtype not in DTYPE_BYTES:
@@ -490,25 +574,33 @@ def run_suite(models, machines, dtype: str = "bf16", max_context: int | None = N
     machines = [load_machine(m) if isinstance(m, str) else m for m in machines]
     if not machines:
         raise BenchError("no machines to benchmark on")
+    bs = parse_sequences(sequences)
     t_start = time.perf_counter()
     cases: list[Case] = []
     with tempfile.TemporaryDirectory(prefix="wse-emu-bench-") as workdir:
         specs = model_specs(models, Path(workdir))
-        tick = _Ticker(progress, 2 * len(specs) * len(machines))  # compile + run a case
+        # compile + run a case
+        tick = _Ticker(progress, 2 * len(specs) * len(machines) * len(bs))
         for spec in specs:
-            for case in run_model(spec, machines, dtype, max_context, position, tick,
-                                  sequences):
-                case.host["case_seconds"] = sum(v for k, v in case.host.items()
-                                                if k.endswith("_seconds"))
-                cases.append(case)
+            figures, pos, done = figures_of(spec), position, []
+            for b in reversed(bs):  # the largest B first: it sets the position (docstring)
+                got = run_model(spec, machines, dtype, max_context, pos, tick, b, figures)
+                if pos is None:
+                    pos = next((c.position for c in got if c.position is not None), None)
+                for case in got:
+                    case.host["case_seconds"] = sum(v for k, v in case.host.items()
+                                                    if k.endswith("_seconds"))
+                done += got
+            order = {m.name: i for i, m in enumerate(machines)}
+            cases += sorted(done, key=lambda c: (order[c.machine], c.sequences))
     return {
         "meta": {"command": command, "dtype": dtype, "date": time.strftime("%Y-%m-%d %H:%M %Z"),
                  "host": f"{platform.machine()}, {_cpus()} CPUs, Python "
                          f"{platform.python_version()}",
                  "host_seconds": time.perf_counter() - t_start,
                  "peak_rss_bytes": peak_rss_bytes(),
-                 "token_id": TOKEN_ID, "batch": 1, "sequences": sequences,
-                 "batch_sweep": sequences_note(sequences),
+                 "token_id": TOKEN_ID, "batch": 1, "sequences": bs,
+                 "batch_sweep": sequences_note(bs),
                  "machines": [machine_json(m) for m in machines]},
         "cases": [c.to_json() for c in cases],
     }
@@ -552,9 +644,11 @@ def _cpus() -> int:
 def machine_json(m) -> dict:
     return {"name": m.name, "kind": m.kind, "pes": m.pes, "clock_hz": m.clock_hz,
             "peak_flops": m.peak_flops, "sram_bytes_per_pe": m.sram_bytes,
-            "hbm_bytes": m.hbm_bytes, "hbm_bandwidth": m.hbm_bandwidth,
-            "hbm_efficiency": m.hbm_efficiency,
-            "memory_bandwidth": m.hbm_bandwidth if is_hbm(m) else sram_read_bandwidth(m),
+            "hbm_bytes": m.hbm_bytes, "hbm_bandwidth": hbm_peak(m),
+            "hbm_bandwidth_per_chip": m.hbm_bandwidth, "hbm_efficiency": m.hbm_efficiency,
+            "chips": m.chips, "link_bandwidth": m.link_bandwidth,
+            "link_latency_cycles": m.link_latency,
+            "memory_bandwidth": hbm_peak(m) if is_hbm(m) else sram_read_bandwidth(m),
             "memory": "HBM" if is_hbm(m) else "resident SRAM (FMAC read rate)"}
 
 

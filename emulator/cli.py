@@ -751,12 +751,13 @@ def _names(values: tuple[str, ...]) -> list[str]:
 
 @main.command()
 @click.option("--models", multiple=True, metavar="NAME|CONFIG",
-              help="built-in model (gpt2-small, gpt2-medium, gpt2-xl, llama-3-8b) or an HF "
-                   "config.json (file or folder); repeat or separate with commas [default: all "
-                   "built-in]")
+              help="built-in model (gpt2-small, gpt2-medium, gpt2-xl, llama-3-8b; "
+                   "llama-3-70b by name only: it needs a system such as wse3x4 or h100x8) or "
+                   "an HF config.json (file or folder); repeat or separate with commas "
+                   "[default: the built-in models but llama-3-70b]")
 @click.option("--machines", multiple=True, metavar="PRESET",
-              help="machine presets or .toml files; repeat or separate with commas "
-                   "[default: wse3,h100]")
+              help="machine presets, systems (NAMExN: wse3x4, h100x8) or .toml files; repeat "
+                   "or separate with commas [default: wse3,h100]")
 @click.option("-o", "--outdir", default="bench-results", show_default=True,
               type=click.Path(file_okay=False), help="folder for bench.md, bench.json, PNGs")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="bf16",
@@ -765,22 +766,28 @@ def _names(values: tuple[str, ...]) -> list[str]:
               help="KV-cache positions [default: the largest of 1024, 256, 64, 32, 16 that fits]")
 @click.option("--position", type=click.IntRange(min=0),
               help="decode position [default: the last the smallest context of a model holds]")
-@click.option("--sequences", type=click.IntRange(min=1), default=1, show_default=True,
-              metavar="B", help="sequences in flight on the wafer mapping (a KV cache each, a "
-                                "token of each a step): tokens/s a sequence and aggregate; HBM "
-                                "machines run one (their cases say so)")
+@click.option("--sequences", default="1", show_default=True, metavar="B[,B...]",
+              help="sequences in flight, one run of every case at each B (e.g. 1,2,4,8; a KV "
+                   "cache each, a token of each a step): tokens/s a sequence and aggregate, "
+                   "and throughput_curve.png; a machine whose compiler cannot batch B says so")
 @user_errors
 def bench(models, machines, outdir, dtype, max_context, position, sequences):
     """Decode of every model on every machine (shape-only, timing-only): one sequence, or
     --sequences B in flight.
 
-    Writes OUTDIR/bench.md (the table), bench.json, tokens_per_second.png and a roofline PNG a
-    machine; prints the table. Each result shows the physics floors it must respect; a result
-    under one is an emulator bug (exit code 1).
+    Writes OUTDIR/bench.md (the table), bench.json, tokens_per_second.png,
+    throughput_curve.png (per-user against aggregate tokens/s) and a roofline PNG a machine;
+    prints the table. Each result shows the physics floors it must respect; a result under
+    one is an emulator bug (exit code 1).
     """
     from wse_emu.emulator.benchreport import markdown, violations, write_outputs
-    from wse_emu.emulator.benchsuite import DEFAULT_MACHINES, DEFAULT_MODELS, BenchError, run_suite
+    from wse_emu.emulator.benchsuite import (DEFAULT_MACHINES, DEFAULT_MODELS, BenchError,
+                                             parse_sequences, run_suite)
 
+    try:
+        sequences = parse_sequences(sequences)
+    except BenchError as e:
+        raise UserError(str(e)) from None
     models = _names(models) or list(DEFAULT_MODELS)
     machines = _names(machines) or list(DEFAULT_MACHINES)
     command = (f"wse-emu bench --models {','.join(models)} --machines {','.join(machines)} "
@@ -789,8 +796,8 @@ def bench(models, machines, outdir, dtype, max_context, position, sequences):
         command += f" --max-context {max_context}"
     if position is not None:
         command += f" --position {position}"
-    if sequences > 1:
-        command += f" --sequences {sequences}"
+    if sequences != [1]:
+        command += f" --sequences {','.join(map(str, sequences))}"
     writable(outdir, folder=True)
     progress = bench_progress()
     try:

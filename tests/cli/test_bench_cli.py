@@ -172,7 +172,7 @@ def test_a_model_the_machine_cannot_hold_is_a_row_not_a_crash(cli, tmp_path):
     assert case["status"] == "not compiled" and "machine 'tiny'" in case["reason"]
     assert ok["status"] == "ok"
     assert "\n" not in case["reason"]
-    assert "| gpt2-tiny | tiny | - | - | not compiled [1] |" in out.stdout
+    assert "| gpt2-tiny | tiny | 1 | - | - | not compiled [1] |" in out.stdout
     assert "[1] gpt2-tiny on tiny: max_context 16: " in out.stdout
 
 
