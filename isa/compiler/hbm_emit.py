@@ -9,15 +9,24 @@ from wse_emu.isa.compiler.emit import ZR
 
 RL = "r12"  # the layer block's HBM base address inside a layer's code
 S0 = "r10"  # scratch of smem for lengths past 16 bits
-IO_BYTES = 64  # input_ids, position_ids, the barrier token
+IO_BYTES = 64  # input_ids, position_ids, the barrier token (one sequence)
+
+
+def io_bytes(sequences: int) -> int:
+    """SRAM bytes of the io block for B sequences: B input ids at 0, B positions at 4B, the
+    barrier token at 8B, the index of the sequence a loop is at at 8B + 4 (one sequence: the
+    64 bytes of IO_BYTES)."""
+    return max(IO_BYTES, -(-(8 * sequences + 8) // 64) * 64)
 
 
 @dataclass(frozen=True)
 class Ha:
-    """An HBM address: `off` bytes from 0, or from the layer block's base (r12) when layer."""
+    """An HBM address: `off` bytes from 0, or from the layer block's base (r12) when layer;
+    inside a loop over the sequences, plus `seq` bytes times the sequence's index."""
 
     off: int
     layer: bool = False
+    seq: int = 0
 
 
 def li64(rb, reg: str, v: int) -> None:

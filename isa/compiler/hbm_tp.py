@@ -271,15 +271,15 @@ class HbmTensorParallel:
         buf = self.tp_buf
         smem(rb, "d1", buf, n)
         rb.muli("r1", "X", n * 4)
-        dests = [self.layout.flows[f] for f in s.out_flows]
-        self.hbm("r0", s, Ha(dests[0]))
+        dests = [self.flow(f) for f in s.out_flows]  # the sequence's rows
+        self.hbm("r0", s, dests[0])
         rb.add("r0", "r0", "r1")
         rb.dmald("d1", "r0", 0)
         rb.dmawait(0)
         self._collective(n, buf)
         smem(rb, "d1", buf, n)
         for dest in dests:
-            self.hbm("r0", s, Ha(dest))
+            self.hbm("r0", s, dest)
             rb.add("r0", "r0", "r1")
             rb.dmast("d1", "r0", 1)
         rb.dmawait(1)
@@ -306,7 +306,8 @@ class HbmTensorParallel:
         smem(rb, "d1", block, G * n)
         rb.vfill("d1", ZF)
         rb.muli("r1", "X", n * 4)
-        self.hbm("r0", s, Ha(self.layout.local_out[s.id]))
+        self.hbm("r0", s, Ha(self.layout.local_out[s.id],
+                             seq=n * self.C * 4 if self.seq_rt else 0))
         rb.add("r0", "r0", "r1")
         rb.muli("r2", "GY", n * 4)
         smem(rb, "d1", block, n)
@@ -331,6 +332,7 @@ class HbmTensorParallel:
             rb.addi("r3", "r2", 0)
             rb.label(f"{none}_full")
             li64(rb, "r0", out + g * vg * 4)
+            self.seq_offset("r0", self.out_row(name) if self.seq_rt else 0)  # its row
             rb.add("r0", "r0", "r1")
             smem(rb, "d1", block + g * n * 4, n)
             rb.dlen("d1", "r3")
