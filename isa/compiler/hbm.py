@@ -29,6 +29,10 @@ mapped differently:
   layers. The code is compared, not assumed: a layer whose code differs is emitted on its own.
 - input_ids and position_ids are SRAM pieces on every core (timing-only mode keeps host inputs
   known); outputs (logits) are HBM pieces the host reads after the run.
+- Several sequences (sequences = B): a batched step. B ids and B positions a run, flows of B
+  rows, B KV caches a stage, logits B x vocab; every gemv reads each tile once and multiplies
+  it by the B activations with `mma` (emit_gemv_batch); the other stages loop over the
+  sequences (seq_loop), their addresses offset by the sequence's index.
 
 Decode only: one position a run (T = 1), causal attention; encoders are refused in one line.
 Register conventions: r15 = 0, r12 = the layer block's HBM base, r11 = the layer loop counter,
@@ -49,7 +53,8 @@ from wse_emu.isa.builder import ProgramBuilder
 from wse_emu.isa.compiler.codegen_attn import _rope_tables
 from wse_emu.isa.compiler.emit import I32, ZF, ZR, Labels, norm_code
 from wse_emu.isa.compiler.hbm_attn import HbmAttention
-from wse_emu.isa.compiler.hbm_emit import RL, Ha, io_bytes, li64, smem
+# IO_BYTES: one sequence's io block (tests size a machine's SRAM with it)
+from wse_emu.isa.compiler.hbm_emit import IO_BYTES, RL, Ha, io_bytes, li64, smem  # noqa: F401
 from wse_emu.isa.compiler.hbm_tp import GB, HbmTensorParallel, gpus_needed, hbm_need, shard
 from wse_emu.isa.compiler.lower import CompileError, Plan, Stage
 from wse_emu.isa.compiler.pack import CompileReport, Weights, with_model
@@ -68,8 +73,10 @@ UP_CHUNK = 2048  # floats of SwiGLU's up half a DMA when both halves do not fit 
 class _Arena:
     """Bump allocation of one stage's SRAM buffers (every stage reuses the same space)."""
 
-    def __init__(self, base: int, limit: int, what: str, machine):
+    def __init__(self, base: int, limit: int, what: str, machine,
+                 fix: str = "a smaller max_context"):
         self.base, self.top, self.limit, self.what, self.machine = base, base, limit, what, machine
+        self.fix = fix
 
     def take(self, nbytes: int, align: int = 64) -> int:
         addr = -(-self.top // align) * align
@@ -77,7 +84,7 @@ class _Arena:
         if self.top > self.limit:
             raise CompileError(f"stage '{self.what}' needs {self.top} bytes of SRAM a core but "
                                f"machine '{self.machine.name}' has {self.machine.sram_bytes} "
-                               f"(with {self.base} for code): use a smaller max_context")
+                               f"(with {self.base} for code): use {self.fix}")
         return addr
 
 
@@ -173,6 +180,7 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
         self.double_buffer = double_buffer  # False: no prefetch (to measure what it buys)
         self.B, self.seq = sequences, 0  # sequences a step; the one being emitted
         self.seq_rt = False  # True inside seq_loop: addresses follow the loop's sequence
+        self.chunks = {}  # gemv stage id -> columns of its activations a chunk (B > 1)
         if plan.T != 1:
             raise CompileError(f"the HBM target compiles one position a run (decode), not "
                                f"{plan.T}: encoders (attention over the whole sequence in one "
@@ -660,11 +668,14 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
         times the B activations), the other kinds once a sequence (its own rows of the flows,
         its KV caches, its token and position)."""
         if s.kind == "gemv" and self.B > 1:
-            self.arena = _Arena(self.arena0, self.machine.sram_bytes, s.name, self.machine)
+            self.arena = _Arena(self.arena0, self.machine.sram_bytes, s.name, self.machine,
+                                "fewer sequences")
             self.emit_gemv_batch(s)
             self.need[s.id] = max(self.need.get(s.id, 0), self.arena.top)
         else:
-            self.arena = _Arena(self.arena0, self.machine.sram_bytes, s.name, self.machine)
+            self.arena = _Arena(self.arena0, self.machine.sram_bytes, s.name, self.machine,
+                                "a smaller max_context" + (" or fewer sequences"
+                                                           if self.B > 1 else ""))
             emit = getattr(self, f"emit_{s.kind}")
             self.seq_loop(lambda: emit(s)) if s.kind != "gemv" else emit(s)
             self.need[s.id] = max(self.need.get(s.id, 0), self.arena.top)
@@ -880,6 +891,7 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
                                f"weights and activations in a core's SRAM on machine "
                                f"'{self.machine.name}': use fewer sequences")
         kc = max(fits)
+        self.chunks[s.id] = kc
         sub = tr * kc * wb  # bytes of a tile's chunk
         x = A.take(B * kc * 4)
         up = A.take(B * kc * 4) if swiglu else None

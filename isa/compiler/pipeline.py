@@ -82,8 +82,9 @@ def compile_model(source, machine, dtype: str = "f32", max_context: int | None =
     `mapping`: "wafer" (decode steps of GPT-2 and Llama: layers on grids, isa/compiler/wafer.py)
     or "chain" (the stage chain: encoders, several positions a run, small machines); default
     the wafer mapping where it applies and fits, else the stage chain. `sequences` = B: B
-    independent sequences in flight (the wafer mapping only: B KV caches a layer, a run
-    takes one token of each and the layers' regions pipeline them)."""
+    independent sequences in flight (B KV caches a layer, a run takes one token of each: on
+    the wafer mapping the layers' regions pipeline them, on an HBM target the step is
+    batched, every weight read once for the B tokens)."""
     if not isinstance(machine, Machine):
         raise CompileError(f"machine must be an isa.machine.Machine (isa.machine.load_machine), "
                            f"got {machine!r}")
