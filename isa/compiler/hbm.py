@@ -682,8 +682,10 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
         split = self.tp.splits.get(s.id) if self.tp else None
         if split is not None and split.kind in ("row", "vocab"):
             self.barrier("full")  # every SM's partial output is in HBM
-            self.seq_loop(lambda: (self.emit_allreduce if split.kind == "row"
-                                   else self.emit_gather)(s))
+            if split.kind == "row":  # the B sequences' rows in one allreduce
+                self.emit_allreduce(s)
+            else:
+                self.seq_loop(lambda: self.emit_gather(s))
         self.barrier(self._barrier_kind(s, nxt))
 
     def seq_loop(self, body) -> None:

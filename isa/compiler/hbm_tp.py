@@ -266,27 +266,31 @@ class HbmTensorParallel:
 
     def emit_allreduce(self, s: Stage) -> None:
         """Sum the partial outputs of row-parallel stage s over the GPUs, in place in each
-        GPU's flow buffers: SM x loads slice x, the column allreduces it, SM x stores it."""
-        rb, n = self.rb, self.tp_slice(s.out_len)
+        GPU's flow buffers: SM x loads slice x (of every sequence's row, side by side: one
+        allreduce for the B sequences, its link latencies paid once), the column allreduces
+        it, SM x stores it."""
+        rb, n, B = self.rb, self.tp_slice(s.out_len), self.B
         buf = self.tp_buf
-        smem(rb, "d1", buf, n)
         rb.muli("r1", "X", n * 4)
-        dests = [self.flow(f) for f in s.out_flows]  # the sequence's rows
-        self.hbm("r0", s, dests[0])
-        rb.add("r0", "r0", "r1")
-        rb.dmald("d1", "r0", 0)
-        rb.dmawait(0)
-        self._collective(n, buf)
-        smem(rb, "d1", buf, n)
-        for dest in dests:
-            self.hbm("r0", s, dest)
+        for self.seq in range(B):
+            self.hbm("r0", s, self.flow(s.out_flows[0]))
             rb.add("r0", "r0", "r1")
-            rb.dmast("d1", "r0", 1)
+            smem(rb, "d1", buf + self.seq * n * 4, n)
+            rb.dmald("d1", "r0", 0)
+        rb.dmawait(0)
+        self._collective(B * n, buf)
+        for f in s.out_flows:
+            for self.seq in range(B):
+                self.hbm("r0", s, self.flow(f))
+                rb.add("r0", "r0", "r1")
+                smem(rb, "d1", buf + self.seq * n * 4, n)
+                rb.dmast("d1", "r0", 1)
+        self.seq = 0
         rb.dmawait(1)
 
     def tp_block_bytes(self) -> int:
         """SRAM bytes of the block every allreduce and the logit gather use."""
-        n = [self.tp_slice(s.out_len) for s in self.plan.stages
+        n = [self.tp_slice(s.out_len) * self.B for s in self.plan.stages
              if s.id in self.tp.splits and self.tp.splits[s.id].kind == "row"]
         n += [self.G * self.tp_slice(vg) for _, vg, _ in self.tp.vocab.values()]
         return 4 * max(n, default=1)

@@ -161,3 +161,29 @@ def test_too_many_sequences_for_sram_are_refused_in_one_line(models):
         compile_model(models["llama"], gpu(3, sram_bytes=40 * 1024), max_context=MAX_CONTEXT,
                       sequences=64)
     assert "\n" not in str(e.value) and "fewer sequences" in str(e.value)
+
+
+def test_a_node_allreduces_the_sequences_together(models):
+    """On a node the B sequences' slices go through one allreduce (its 2 link crossings paid
+    once, not once a sequence), while the logit gather runs once a sequence (a loop, whose
+    gathers may overlap): on 2 GPUs with 3 sequences, a longer link latency costs GPT-2's 4
+    allreduces 2 latencies each, and the gathers between 2 and 3 x 2."""
+    cycles = {}
+    for latency in (100, 1100):
+        m = dataclasses.replace(node(2), link_latency=latency)
+        program, _ = compile_model(models["gpt2"], m, max_context=MAX_CONTEXT,
+                                   shape_only=True, sequences=3)
+        gen = Generator(program, m, timing_only=True)
+        gen.step_all([1, 2, 3], [0, 1, 2])
+        cycles[latency] = gen.last_result.cycles
+    assert (4 * 2 + 2) * 1000 <= cycles[1100] - cycles[100] <= (4 * 2 + 3 * 2) * 1000
+
+
+def test_node_core_agrees_with_the_reference_interpreter(models):
+    m = node(2, width=3)
+    program, _ = compile_model(models["llama"], m, max_context=MAX_CONTEXT, sequences=2)
+    a, b = Generator(program, m, engine="core"), Generator(program, m, engine="reference")
+    for t in range(2):
+        np.testing.assert_array_equal(a.step_all([t + 1, 9], [t, 0]),
+                                      b.step_all([t + 1, 9], [t, 0]))
+        assert a.last_result.cycles == b.last_result.cycles
