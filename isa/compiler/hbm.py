@@ -54,7 +54,8 @@ from wse_emu.isa.compiler.codegen_attn import _rope_tables
 from wse_emu.isa.compiler.emit import I32, ZF, ZR, Labels, norm_code
 from wse_emu.isa.compiler.hbm_attn import HbmAttention
 # IO_BYTES: one sequence's io block (tests size a machine's SRAM with it)
-from wse_emu.isa.compiler.hbm_emit import IO_BYTES, RL, Ha, io_bytes, li64, smem  # noqa: F401
+from wse_emu.isa.compiler.hbm_emit import IO_BYTES  # noqa: F401
+from wse_emu.isa.compiler.hbm_emit import RL, Ha, _Arena, _Recorder, io_bytes, li64, smem
 from wse_emu.isa.compiler.hbm_tp import GB, HbmTensorParallel, gpus_needed, hbm_need, shard
 from wse_emu.isa.compiler.lower import CompileError, Plan, Stage
 from wse_emu.isa.compiler.pack import CompileReport, Weights, with_model
@@ -68,36 +69,6 @@ RC = "r11"  # the layer loop counter (RL, r12: the layer block base address)
 MAX_TILE = 64 * 1024  # weight tile bytes: large enough to amortise a DMA, two fit any SM
 KV_CHUNK_BYTES = 32 * 1024  # K (or V) rows read back a DMA (isa/compiler/hbm_attn.py)
 UP_CHUNK = 2048  # floats of SwiGLU's up half a DMA when both halves do not fit beside the tiles
-
-
-class _Arena:
-    """Bump allocation of one stage's SRAM buffers (every stage reuses the same space)."""
-
-    def __init__(self, base: int, limit: int, what: str, machine,
-                 fix: str = "a smaller max_context"):
-        self.base, self.top, self.limit, self.what, self.machine = base, base, limit, what, machine
-        self.fix = fix
-
-    def take(self, nbytes: int, align: int = 64) -> int:
-        addr = -(-self.top // align) * align
-        self.top = addr + nbytes
-        if self.top > self.limit:
-            raise CompileError(f"stage '{self.what}' needs {self.top} bytes of SRAM a core but "
-                               f"machine '{self.machine.name}' has {self.machine.sram_bytes} "
-                               f"(with {self.base} for code): use {self.fix}")
-        return addr
-
-
-class _Recorder:
-    """Stands in for a RegionBuilder: records every call, so that two layers' code compares."""
-
-    def __init__(self):
-        self.calls = []
-
-    def __getattr__(self, name):
-        def record(*args, **kwargs):
-            self.calls.append((name, args, tuple(sorted(kwargs.items()))))
-        return record
 
 
 @dataclass

@@ -16,7 +16,7 @@ combines them: o = sum_p exp(m_p - M) l_p o_p / sum_p exp(m_p - M) l_p.
 from __future__ import annotations
 
 from wse_emu.isa.compiler.emit import ZF, ZR, rope_code, softmax_code
-from wse_emu.isa.compiler.hbm_emit import Ha, smem
+from wse_emu.isa.compiler.hbm_emit import Ha, _Arena, smem
 from wse_emu.isa.compiler.lower import CompileError, Stage
 from wse_emu.isa.compiler.placement import WEIGHT_BYTES
 
@@ -35,7 +35,6 @@ class HbmAttention:
         does not fit."""
         if s.id in self.attn_plans:
             return self.attn_plans[s.id]
-        from wse_emu.isa.compiler.hbm import _Arena
         a = s.attrs
         group = a["n_heads"] // a["n_kv_heads"]
 

@@ -1,11 +1,14 @@
-"""Small emitters of the HBM target (isa/compiler/hbm.py, hbm_attn.py): HBM addresses in
-registers, SRAM descriptors anywhere in a core's SRAM."""
+"""Small emitters of the HBM target (isa/compiler/hbm.py, hbm_attn.py, hbm_tp.py): HBM
+addresses in registers, SRAM descriptors anywhere in a core's SRAM, a stage's SRAM arena and
+the recorder that compares two layers' code (here so that those modules need not import
+hbm.py, which imports them)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from wse_emu.isa.compiler.emit import ZR
+from wse_emu.isa.compiler.lower import CompileError
 
 RL = "r12"  # the layer block's HBM base address inside a layer's code
 S0 = "r10"  # scratch of smem for lengths past 16 bits
@@ -54,3 +57,33 @@ def smem(rb, d, addr: int, n, dtype="f32") -> None:
             rb.li(S0, n)
             n = S0
         rb.dlen(d, n)
+
+
+class _Arena:
+    """Bump allocation of one stage's SRAM buffers (every stage reuses the same space)."""
+
+    def __init__(self, base: int, limit: int, what: str, machine,
+                 fix: str = "a smaller max_context"):
+        self.base, self.top, self.limit, self.what, self.machine = base, base, limit, what, machine
+        self.fix = fix
+
+    def take(self, nbytes: int, align: int = 64) -> int:
+        addr = -(-self.top // align) * align
+        self.top = addr + nbytes
+        if self.top > self.limit:
+            raise CompileError(f"stage '{self.what}' needs {self.top} bytes of SRAM a core but "
+                               f"machine '{self.machine.name}' has {self.machine.sram_bytes} "
+                               f"(with {self.base} for code): use {self.fix}")
+        return addr
+
+
+class _Recorder:
+    """Stands in for a RegionBuilder: records every call, so that two layers' code compares."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        def record(*args, **kwargs):
+            self.calls.append((name, args, tuple(sorted(kwargs.items()))))
+        return record

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from wse_emu.isa.collectives import Costs, allreduce, cost, default_root
 from wse_emu.isa.compiler.emit import ZF, ZR
-from wse_emu.isa.compiler.hbm_emit import Ha, li64, smem
+from wse_emu.isa.compiler.hbm_emit import Ha, _Recorder, li64, smem
 from wse_emu.isa.compiler.lower import CompileError, Matrix, Plan, Stage
 
 GB = "r14"  # this GPU's HBM base on a node
@@ -257,7 +257,6 @@ class HbmTensorParallel:
         self.rb.mul(GB, "GY", "r0")
 
     def _collective(self, n: int, buf: int) -> None:
-        from wse_emu.isa.compiler.hbm import _Recorder  # hbm.py imports this module
         if isinstance(self.rb, _Recorder):  # comparing two layers' code: the same n, buffer
             self.rb.calls.append(("allreduce", (n, buf), ()))
             return
