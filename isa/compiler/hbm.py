@@ -151,6 +151,8 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
         self.double_buffer = double_buffer  # False: no prefetch (to measure what it buys)
         self.B, self.seq = sequences, 0  # sequences a step; the one being emitted
         self.seq_rt = False  # True inside seq_loop: addresses follow the loop's sequence
+        # embed and vector stages: sequence b on core b (else core 0 loops over them)
+        self.spread = 1 < sequences <= machine.width
         self.chunks = {}  # gemv stage id -> columns of its activations a chunk (B > 1)
         if plan.T != 1:
             raise CompileError(f"the HBM target compiles one position a run (decode), not "
@@ -575,8 +577,19 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
             return "none"
         one_a, one_b = self._one_core(a), self._one_core(b)
         if one_a and one_b:
-            return "none"  # core 0 after core 0: its own DMAs are waited for
+            return "none"  # core 0 (core b: sequence b) after itself: its DMAs are waited for
+        if self.spread:  # cores 0 .. B-1 wrote (or will read) what every core reads (wrote)
+            return "full"
         return "bcast" if one_a else ("gather" if one_b else "full")
+
+    def skip_idle(self, skip: str) -> None:
+        """Branch to skip on the cores an embed or vector stage leaves idle: all but core 0,
+        or with the sequences spread, all but cores 0 .. B-1 (core b: sequence b)."""
+        if self.spread:
+            self.rb.li("r0", self.B)
+            self.rb.bge("X", "r0", skip)
+        else:
+            self.rb.bne("X", ZR, skip)
 
     # -- the kernel ------------------------------------------------------------------------------
 
@@ -648,7 +661,12 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
                                 "a smaller max_context" + (" or fewer sequences"
                                                            if self.B > 1 else ""))
             emit = getattr(self, f"emit_{s.kind}")
-            self.seq_loop(lambda: emit(s)) if s.kind != "gemv" else emit(s)
+            if s.kind == "gemv":
+                emit(s)
+            elif self.spread and self._one_core(s):
+                self.seq_spread(lambda: emit(s))
+            else:
+                self.seq_loop(lambda: emit(s))
             self.need[s.id] = max(self.need.get(s.id, 0), self.arena.top)
         split = self.tp.splits.get(s.id) if self.tp else None
         if split is not None and split.kind in ("row", "vocab"):
@@ -677,6 +695,14 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
         rb.sw("r10", ZR, word)
         rb.li("r0", self.B)
         rb.blt("r10", "r0", top)
+
+    def seq_spread(self, body) -> None:
+        """body() of an embed or vector stage with sequence b on core b (its index the core's
+        X, in the io block's word): the B sequences' norms and adds side by side."""
+        self.rb.sw("X", ZR, self.io + 8 * self.B + 4)
+        self.seq_rt = True
+        body()
+        self.seq_rt = False
 
     def seq_offset(self, reg: str, stride: int) -> None:
         """reg += the looping sequence's index times stride (r10: free between smem calls)."""
@@ -1021,7 +1047,7 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
         mesh does, store what later stages read."""
         rb, A, wd = self.rb, self.arena, self.dtype
         skip = self.labels("not_core0")
-        rb.bne("X", ZR, skip)
+        self.skip_idle(skip)
         n = s.attrs["hidden"]
         bufs = {name: A.take(length * 4) for name, length in s.buffers.items()}
         params = {w: A.take(n * self.wb) for w in self.layout.params[s.id]}
@@ -1059,7 +1085,7 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
         """Core 0 gathers the token's (and position's) row of every table and sums them."""
         rb, A, wd = self.rb, self.arena, self.dtype
         skip = self.labels("not_core0")
-        rb.bne("X", ZR, skip)
+        self.skip_idle(skip)
         n = s.attrs["hidden"]
         acc = A.take(n * 4)
         rows = [A.take(n * self.wb) for _ in s.tables]
