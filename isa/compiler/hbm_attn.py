@@ -11,6 +11,10 @@ the core's positions, and the weighted sum is one `mva` a chunk (V^T, also K row
 the unfilled rows of the last chunk and their scores zero. With P > 1 each core stores its
 part's max m, sum l and normalised output o to HBM; after a barrier one core a query head
 combines them: o = sum_p exp(m_p - M) l_p o_p / sum_p exp(m_p - M) l_p.
+
+Several sequences (a batched step): the stage runs once a sequence in a loop (hbm.py's
+seq_loop), each with its own K and V caches (B of them a stage, one after the other), its own
+position and its own block of parts.
 """
 
 from __future__ import annotations
