@@ -83,6 +83,7 @@ def test_generate_refuses_a_mismatch(cli, compiled):
     gpu_compile = cli("compile", "config.json", "--shape-only", "--machine", "h100",
                       "--sequences", "2", "-o", "x.bin", cwd=compiled)
     assert gpu_compile.code == 0, gpu_compile.stderr
+    assert "once a step of 2 sequences" in gpu_compile.stdout
     two = cli("generate", "x.bin", "--timing-only", "--position", "3", "--json", cwd=compiled)
     assert two.code == 0, two.stderr
     assert json.loads(two.stdout)["sequences"] == 2
