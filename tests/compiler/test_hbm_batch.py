@@ -72,20 +72,22 @@ def test_three_sequences_get_the_ids_each_gets_alone(family, machine, models, wa
     assert result.sequences == 3
 
 
-def test_a_batched_step_gives_the_logits_of_one_sequence_runs(models):
-    """Sequence s of a step at positions (p0, p1) has the logits the B = 1 program gives at
-    its own position, to the rounding of the order of the sums."""
-    m = gpu()
+@pytest.mark.parametrize("width", [8, 2])
+def test_a_batched_step_gives_the_logits_of_one_sequence_runs(width, models):
+    """Sequence s of a step at positions (t, t, t) has the logits the B = 1 program gives at
+    its own position, to the rounding of the order of the sums; with 8 SMs the norms run
+    sequence b on SM b, with 2 (fewer SMs than sequences) SM 0 loops over the sequences."""
+    m = gpu(width)
     one, _ = compile_model(models["llama"], m, max_context=MAX_CONTEXT)
-    two, _ = compile_model(models["llama"], m, max_context=MAX_CONTEXT, sequences=2)
-    a, b = Generator(one, m), Generator(one, m)
-    batch = Generator(two, m)
-    seqs = [[3, 9, 27], [11, 4, 40]]
+    three, _ = compile_model(models["llama"], m, max_context=MAX_CONTEXT, sequences=3)
+    alone = [Generator(one, m) for _ in range(3)]
+    batch = Generator(three, m)
+    seqs = [[3, 9, 27], [11, 4, 40], [100, 2, 7]]
     for t in range(3):
-        got = batch.step_all([seqs[0][t], seqs[1][t]], [t, t])
-        wa, wb = a.step(seqs[0][t]), b.step(seqs[1][t])
-        np.testing.assert_allclose(got[0], wa, rtol=1e-5, atol=1e-5 * np.abs(wa).max())
-        np.testing.assert_allclose(got[1], wb, rtol=1e-5, atol=1e-5 * np.abs(wb).max())
+        got = batch.step_all([s[t] for s in seqs], [t, t, t])
+        for b, (gen, s) in enumerate(zip(alone, seqs)):
+            w = gen.step(s[t])
+            np.testing.assert_allclose(got[b], w, rtol=1e-5, atol=1e-5 * np.abs(w).max())
 
 
 @pytest.mark.parametrize("machine", ["gpu", "node"])
