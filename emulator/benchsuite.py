@@ -37,8 +37,9 @@ prefilled up to it, without emulating the prefill.
 
 Sequences (--sequences 1,2,4,...): every case runs at each B of the list. On the wafer mapping a
 step carries one token of each of B independent sequences, pipelined through the layers'
-regions; an HBM machine runs a batched step where its compiler makes one (until then its B > 1
-cases are refused with the compiler's reason, like any case that does not compile). tokens/s is
+regions; an HBM machine runs a batched step instead (every weight read once a step for the B
+tokens; isa/compiler/hbm.py). A case that does not compile is refused with the compiler's
+reason. tokens/s is
 a sequence's (one token a step), the aggregate B times that, FLOPs and the SIMD floor count the
 B tokens of the step, and the time to first token of a prompt of position + 1 tokens is that
 many steps (a wafer-mapped step costs the same at every position). Every B of a model decodes
@@ -109,7 +110,7 @@ def sequences_note(sequences) -> str:
         return BATCH_NOTE
     return (f"B = {', '.join(map(str, bs))} sequences in flight: a step carries one token of "
             f"each (pipelined through the regions on the wafer mapping, batched on an HBM "
-            f"machine whose compiler makes a batched step); tokens/s is a sequence's, "
+            f"machine: every weight read once a step); tokens/s is a sequence's, "
             f"aggregate = B x that")
 
 

@@ -619,10 +619,6 @@ def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timin
     program = read_program(binary)
     check_runnable(program, timing_only, binary)
     compiled = program.model.sequences if program.model is not None else 1
-    hbm = program.model is not None and program.model.target == "hbm"
-    if sequences is not None and sequences > 1 and hbm:
-        raise UserError(f"--sequences {sequences}: {binary} is an HBM-target program, which "
-                        f"runs one sequence (batching several is not implemented yet)")
     if sequences is not None and sequences != compiled:
         raise UserError(f"--sequences {sequences}: {binary} was compiled for {compiled} "
                         f"sequence{'s' if compiled > 1 else ''} (compile it with --sequences "

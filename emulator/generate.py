@@ -91,9 +91,6 @@ class Generator:
         if tuple(shape) != (self.sequences,):
             raise LoadError(f"program '{program.name}' runs {shape[0]} positions a run; the "
                             f"decode loop needs one (compile with positions=1)")
-        if self.sequences > 1 and info.get("target") == "hbm":
-            raise LoadError(f"program '{program.name}': several sequences on the HBM target "
-                            f"are not implemented (it would batch them)")
         self.program = program
         self.max_context = int(info["max_context"])
         self.layers = int(info["layers"])

@@ -29,6 +29,10 @@ mapped differently:
   layers. The code is compared, not assumed: a layer whose code differs is emitted on its own.
 - input_ids and position_ids are SRAM pieces on every core (timing-only mode keeps host inputs
   known); outputs (logits) are HBM pieces the host reads after the run.
+- Several sequences (sequences = B): a batched step. B ids and B positions a run, flows of B
+  rows, B KV caches a stage, logits B x vocab; every gemv reads each tile once and multiplies
+  it by the B activations with `mma` (emit_gemv_batch); the other stages loop over the
+  sequences (seq_loop), their addresses offset by the sequence's index.
 
 Decode only: one position a run (T = 1), causal attention; encoders are refused in one line.
 Register conventions: r15 = 0, r12 = the layer block's HBM base, r11 = the layer loop counter,
@@ -47,12 +51,14 @@ import numpy as np
 
 from wse_emu.isa.builder import ProgramBuilder
 from wse_emu.isa.compiler.codegen_attn import _rope_tables
-from wse_emu.isa.compiler.emit import I32, ZR, Labels, norm_code
+from wse_emu.isa.compiler.emit import I32, ZF, ZR, Labels, norm_code
 from wse_emu.isa.compiler.hbm_attn import HbmAttention
-from wse_emu.isa.compiler.hbm_emit import IO_BYTES, RL, Ha, _Arena, _Recorder, li64, smem
+# IO_BYTES: one sequence's io block (tests size a machine's SRAM with it)
+from wse_emu.isa.compiler.hbm_emit import IO_BYTES  # noqa: F401
+from wse_emu.isa.compiler.hbm_emit import RL, Ha, _Arena, _Recorder, io_bytes, li64, smem
 from wse_emu.isa.compiler.hbm_tp import GB, HbmTensorParallel, gpus_needed, hbm_need, shard
 from wse_emu.isa.compiler.lower import CompileError, Plan, Stage
-from wse_emu.isa.compiler.pack import CompileReport, Weights, declare_symbols, with_model
+from wse_emu.isa.compiler.pack import CompileReport, Weights, with_model
 from wse_emu.isa.program import ALL_LAYERS
 from wse_emu.isa.compiler.placement import WEIGHT_BYTES
 from wse_emu.isa.errors import BuildError
@@ -79,7 +85,8 @@ class _Gemv:
 class _Layout:
     """HBM addresses of everything, and the per-stage choices the code depends on."""
 
-    flows: dict = field(default_factory=dict)  # flow id -> absolute HBM address
+    flows: dict = field(default_factory=dict)  # flow id -> absolute HBM address (sequence 0)
+    flow_stride: dict = field(default_factory=dict)  # flow id -> bytes a sequence's row
     outputs: dict = field(default_factory=dict)  # output symbol -> absolute HBM address
     gemv: dict = field(default_factory=dict)  # stage id -> _Gemv
     params: dict = field(default_factory=dict)  # stage id -> {weight name: Ha}
@@ -140,8 +147,13 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
     """Emits the kernel of a lowered plan for an HBM machine (module docstring)."""
 
     def __init__(self, plan: Plan, machine, dtype: str, shape_only: bool, base_dir, name: str,
-                 double_buffer: bool = True):
+                 double_buffer: bool = True, sequences: int = 1):
         self.double_buffer = double_buffer  # False: no prefetch (to measure what it buys)
+        self.B, self.seq = sequences, 0  # sequences a step; the one being emitted
+        self.seq_rt = False  # True inside seq_loop: addresses follow the loop's sequence
+        # embed and vector stages: sequence b on core b (else core 0 loops over them)
+        self.spread = 1 < sequences <= machine.width
+        self.chunks = {}  # gemv stage id -> columns of its activations a chunk (B > 1)
         if plan.T != 1:
             raise CompileError(f"the HBM target compiles one position a run (decode), not "
                                f"{plan.T}: encoders (attention over the whole sequence in one "
@@ -194,16 +206,23 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
         raise CompileError(f"internal: the kernel's code ({code_bytes} bytes) does not settle")
 
     def _attempt(self, reserve: int):
-        m = self.machine
-        if reserve + IO_BYTES >= m.sram_bytes:
+        m, B = self.machine, self.B
+        self.io_bytes = io_bytes(B)
+        if reserve + self.io_bytes >= m.sram_bytes:
             raise CompileError(f"the kernel's code ({reserve} bytes) does not fit a core's SRAM "
                                f"({m.sram_bytes} bytes) on machine '{m.name}'")
         pb = ProgramBuilder(self.name)
-        declare_symbols(pb, self.plan)
+        self.symbols = {name: ((B,) + tuple(shape[1:]) if B > 1 else tuple(shape))
+                        for name, shape in self.plan.symbols.items()}
+        for name, shape in self.symbols.items():
+            if name in ("input_ids", "position_ids"):
+                pb.input(name, "i32", shape)
+            else:
+                pb.output(name, "f32", shape)
         self.pb = pb
         self.weights = Weights(pb, self.base_dir)
         self.io = reserve
-        self.arena0 = reserve + IO_BYTES
+        self.arena0 = reserve + self.io_bytes
         if self.tp:  # the allreduce's block: low in SRAM (collectives take 16-bit addresses)
             self.tp_buf = -(-self.arena0 // 64) * 64
             self.arena0 = self.tp_buf + self.tp_block_bytes()
@@ -213,8 +232,9 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
         self.layout = self._layout(pb)
         parts = max((self.attn_scratch_bytes(s) for s in self.plan.stages if s.kind == "attn"),
                     default=0)
+        self.scratch_one = parts
         if parts:
-            self.layout.scratch = pb.hbm_alloc("attn_parts", parts)
+            self.layout.scratch = pb.hbm_alloc("attn_parts", parts * B)  # a sequence each
         self.gpu_bytes = pb._hbm_cursor  # one GPU's HBM; the others' are copies of its layout
         for c in range(1, self.G):
             pb.hbm_alloc(f"gpu{c}", self.gpu_bytes, at=c * m.hbm_bytes)
@@ -223,11 +243,11 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
         if self.tp:
             self.tp_routes(pb)
         rb = pb.region("gpu", 0, 0, self.C, self.G)
-        rb.alloc("io", IO_BYTES, at=self.io)
+        rb.alloc("io", self.io_bytes, at=self.io)
         for name in ("input_ids", "position_ids"):
-            rb.piece(name, self.io + (0 if name == "input_ids" else 4), I32, (1, 1))
-        pb.tensor("default_position_ids", np.zeros(1, dtype=np.int32))
-        rb.load("default_position_ids", self.io + 4, I32, (1, 1))
+            rb.piece(name, self.io + (0 if name == "input_ids" else 4 * B), I32, (B, 1))
+        pb.tensor("default_position_ids", np.zeros(B, dtype=np.int32))
+        rb.load("default_position_ids", self.io + 4 * B, I32, (B, 1))
         self.rb = rb
         if self.tp:
             self.tp_gpu_base()
@@ -248,6 +268,7 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
                              "hidden": cfg.hidden, "layers": cfg.layers, "target": "hbm",
                              "weight_hbm_bytes": self.layout.weight_bytes,
                              "kv_hbm_bytes": self.layout.kv_bytes, "gpus": self.G,
+                             "sequences": B,
                              "stages": stages})
         try:
             program = pb.build()
@@ -261,14 +282,16 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
                 f"the rest) but "
                 f"machine '{m.name}' has {m.hbm_bytes / 1e9:.2f} GB")
         program = with_model(program, cfg, "hbm", "kernel", m, self.dtype, self.plan.T,
-                             [("kernel", ALL_LAYERS, [r.name for r in program.regions], 0)])
+                             [("kernel", ALL_LAYERS, [r.name for r in program.regions], 0)],
+                             sequences=B)
         sram = program.region_sram_bytes(program.regions[0])
         report = CompileReport(
             model=self.name, machine=m.name, dtype=self.dtype, max_context=cfg.max_context,
             fabric=(self.C, self.G), pes=self.C * self.G, sram_max=sram, sram_mean=float(sram),
             colors=program.colors_used(), stages=stages, target="hbm",
             hbm_bytes=self.gpu_bytes if self.tp else program.hbm_bytes,
-            weight_hbm_bytes=self.layout.weight_bytes)  # a node: one GPU's
+            weight_hbm_bytes=self.layout.weight_bytes,  # a node: one GPU's
+            sequences=B)
         return program, report, code_bytes
 
     # -- HBM layout -----------------------------------------------------------------------------
@@ -318,13 +341,15 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
             if f.dst in self.body_of and f.dst - f.src < period:
                 key = ("role", self.body_of[f.dst][1], plan.stages[f.dst].in_flows.index(f.id),
                        f.length)
-            if key not in keyed:  # on a node, padded to whole slices of the allreduce
-                length = self.tp_slice(f.length) * self.C if self.tp else f.length
-                keyed[key] = pb.hbm_alloc(f"flow{f.id}.{f.what}", length * 4)
+            length = self.tp_slice(f.length) * self.C if self.tp else f.length
+            if key not in keyed:  # on a node, padded to whole slices of the allreduce; B
+                keyed[key] = pb.hbm_alloc(f"flow{f.id}.{f.what}", length * 4 * self.B)  # rows
             lay.flows[f.id] = keyed[key]
+            lay.flow_stride[f.id] = length * 4  # bytes from one sequence's row to the next
         for sid, (_, vg, name) in (self.tp.vocab.items() if self.tp else ()):
-            lay.local_out[sid] = pb.hbm_alloc(f"slice.{name}", self.tp_slice(vg) * self.C * 4)
-        for name, shape in plan.symbols.items():
+            lay.local_out[sid] = pb.hbm_alloc(f"slice.{name}",
+                                              self.tp_slice(vg) * self.C * 4 * self.B)
+        for name, shape in self.symbols.items():
             if name not in ("input_ids", "position_ids"):
                 lay.outputs[name] = pb.hbm_alloc(f"out.{name}", int(np.prod(shape)) * 4)
                 pb.hbm_piece(name, lay.outputs[name], "f32")
@@ -334,13 +359,20 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
                 lay.weight_bytes += s.out_len * s.in_len * wb
             elif s.kind == "attn":
                 a = s.attrs
-                lay.kv_bytes += 2 * a["n_kv_heads"] * a["max_context"] * a["head_dim"] * wb
+                lay.kv_bytes += 2 * a["n_kv_heads"] * a["max_context"] * a["head_dim"] * wb \
+                    * self.B
         return lay
 
     def _stage_hbm(self, s: Stage, alloc, budget: int) -> dict:
         """Allocate stage s's weights (and KV caches) with alloc(size) -> address; returns
         what _record needs."""
         wb = self.wb
+        if s.kind == "gemv" and self.B > 1:  # the activations come in chunks of columns
+            tr = _tile_rows(s, self.C, wb, budget // 2)  # (emit_gemv_batch): half for them
+            out = {"tr": tr, "tiles": alloc(s.out_len * s.in_len * wb), "up_chunk": 0}
+            if any(m.bias for m in s.matrices):
+                out["bias"] = alloc(s.out_len * 4)
+            return out
         if s.kind == "gemv":
             up_chunk = 0  # SwiGLU: up arrives whole beside gate, or UP_CHUNK floats at a time
             x_bytes = s.in_len * 4 * (2 if s.prologue == "swiglu" else 1)
@@ -364,8 +396,8 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
             return {"tables": [alloc(ref.shape[0] * n * wb) for _, ref, _ in s.tables]}
         if s.kind == "attn":
             a = s.attrs
-            size = a["n_kv_heads"] * a["max_context"] * a["head_dim"] * wb
-            return {"k": alloc(size), "v": alloc(size)}
+            size = a["n_kv_heads"] * a["max_context"] * a["head_dim"] * wb * self.B  # a cache
+            return {"k": alloc(size), "v": alloc(size)}                            # a sequence
         raise CompileError(f"stage '{s.name}': kind {s.kind!r} has no HBM mapping")
 
     def _record(self, lay: _Layout, s: Stage, got: dict, layer: bool) -> None:
@@ -495,7 +527,7 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
         pb.route(C - 1, 0, 1, H, bc, "W", "RAMP")
 
     def _token(self, rb, color: int, send: bool) -> None:
-        smem(rb, "d13", self.io + 8, 1)
+        smem(rb, "d13", self.io + 8 * self.B, 1)
         if send:
             rb.dfout("d14", "f32", color, 1)
             rb.vmov("d14", "d13")
@@ -545,8 +577,19 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
             return "none"
         one_a, one_b = self._one_core(a), self._one_core(b)
         if one_a and one_b:
-            return "none"  # core 0 after core 0: its own DMAs are waited for
+            return "none"  # core 0 (core b: sequence b) after itself: its DMAs are waited for
+        if self.spread:  # cores 0 .. B-1 wrote (or will read) what every core reads (wrote)
+            return "full"
         return "bcast" if one_a else ("gather" if one_b else "full")
+
+    def skip_idle(self, skip: str) -> None:
+        """Branch to skip on the cores an embed or vector stage leaves idle: all but core 0,
+        or with the sequences spread, all but cores 0 .. B-1 (core b: sequence b)."""
+        if self.spread:
+            self.rb.li("r0", self.B)
+            self.rb.bge("X", "r0", skip)
+        else:
+            self.rb.bne("X", ZR, skip)
 
     # -- the kernel ------------------------------------------------------------------------------
 
@@ -605,28 +648,109 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
             rb.bne(RC, ZR, top)
 
     def stage(self, s: Stage, nxt: Stage | None) -> None:
-        self.arena = _Arena(self.arena0, self.machine.sram_bytes, s.name, self.machine)
-        getattr(self, f"emit_{s.kind}")(s)
+        """Stage s of every sequence: a gemv once for all of them (each weight tile read once,
+        times the B activations), the other kinds once a sequence (its own rows of the flows,
+        its KV caches, its token and position)."""
+        if s.kind == "gemv" and self.B > 1:
+            self.arena = _Arena(self.arena0, self.machine.sram_bytes, s.name, self.machine,
+                                "fewer sequences")
+            self.emit_gemv_batch(s)
+            self.need[s.id] = max(self.need.get(s.id, 0), self.arena.top)
+        else:
+            self.arena = _Arena(self.arena0, self.machine.sram_bytes, s.name, self.machine,
+                                "a smaller max_context" + (" or fewer sequences"
+                                                           if self.B > 1 else ""))
+            emit = getattr(self, f"emit_{s.kind}")
+            if s.kind == "gemv":
+                emit(s)
+            elif self.spread and self._one_core(s):
+                self.seq_spread(lambda: emit(s))
+            else:
+                self.seq_loop(lambda: emit(s))
+            self.need[s.id] = max(self.need.get(s.id, 0), self.arena.top)
         split = self.tp.splits.get(s.id) if self.tp else None
         if split is not None and split.kind in ("row", "vocab"):
             self.barrier("full")  # every SM's partial output is in HBM
-            (self.emit_allreduce if split.kind == "row" else self.emit_gather)(s)
-        self.need[s.id] = max(self.need.get(s.id, 0), self.arena.top)
+            if split.kind == "row":  # the B sequences' rows in one allreduce
+                self.emit_allreduce(s)
+            else:
+                self.seq_loop(lambda: self.emit_gather(s))
         self.barrier(self._barrier_kind(s, nxt))
+
+    def seq_loop(self, body) -> None:
+        """body() once (one sequence), or as a loop over the B sequences: its HBM addresses
+        and io reads add the sequence's index (a word of the io block) times their stride."""
+        if self.B == 1:
+            body()
+            return
+        rb, word = self.rb, self.io + 8 * self.B + 4
+        rb.sw(ZR, ZR, word)
+        top = self.labels("sequence")
+        rb.label(top)
+        self.seq_rt = True
+        body()
+        self.seq_rt = False
+        rb.lw("r10", ZR, word)
+        rb.addi("r10", "r10", 1)
+        rb.sw("r10", ZR, word)
+        rb.li("r0", self.B)
+        rb.blt("r10", "r0", top)
+
+    def seq_spread(self, body) -> None:
+        """body() of an embed or vector stage with sequence b on core b (its index the core's
+        X, in the io block's word): the B sequences' norms and adds side by side."""
+        self.rb.sw("X", ZR, self.io + 8 * self.B + 4)
+        self.seq_rt = True
+        body()
+        self.seq_rt = False
+
+    def seq_offset(self, reg: str, stride: int) -> None:
+        """reg += the looping sequence's index times stride (r10: free between smem calls)."""
+        if not stride:
+            return
+        self.rb.lw("r10", ZR, self.io + 8 * self.B + 4)
+        if stride != 1:
+            self.rb.muli("r10", "r10", stride)
+        self.rb.add(reg, reg, "r10")
+
+    def flow(self, fid: int) -> Ha:
+        """The HBM address of flow fid's row of the sequence being emitted (self.seq), or of
+        the looping sequence's (in seq_loop)."""
+        stride = self.layout.flow_stride[fid]
+        if self.seq_rt:
+            return Ha(self.layout.flows[fid], seq=stride)
+        return Ha(self.layout.flows[fid] + self.seq * stride)
+
+    def out_row(self, name: str) -> int:
+        """Bytes of a sequence's row of output `name`."""
+        return int(np.prod(self.symbols[name][1:])) * 4 if self.B > 1 else 0
+
+    def load_io(self, reg: str, index: str) -> None:
+        """reg = the looping sequence's token id ('input_ids') or position."""
+        at = self.io + (0 if index == "input_ids" else 4 * self.B)
+        if self.seq_rt:
+            self.rb.lw("r10", ZR, self.io + 8 * self.B + 4)
+            self.rb.muli("r10", "r10", 4)
+            self.rb.lw(reg, "r10", at)
+        else:
+            self.rb.lw(reg, ZR, at)
 
     def hbm(self, reg: str, s: Stage, ha: Ha) -> None:
         """reg = the HBM address ha (relative to the layer block inside a layer's code)."""
         if ha.layer:
             li64(self.rb, reg, ha.off)
             self.rb.add(reg, reg, RL)  # RL includes the GPU's base on a node
+            self.seq_offset(reg, ha.seq)
         else:
-            self.hbm_abs(reg, self._abs(s, ha))
+            self.hbm_abs(reg, self._abs(s, ha), ha.seq)
 
-    def hbm_abs(self, reg: str, addr: int) -> None:
-        """reg = the address addr of this GPU's HBM (addr + its base on a node)."""
+    def hbm_abs(self, reg: str, addr: int, seq: int = 0) -> None:
+        """reg = the address addr of this GPU's HBM (addr + its base on a node), plus seq
+        bytes a sequence inside seq_loop."""
         li64(self.rb, reg, addr)
         if self.tp:
             self.rb.add(reg, reg, GB)
+        self.seq_offset(reg, seq)
 
     # -- stages -----------------------------------------------------------------------------------
 
@@ -739,6 +863,162 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
         for tag in (2, 3, 4):
             rb.dmawait(tag)
 
+    def emit_gemv_batch(self, s: Stage) -> None:
+        """A gemv of B sequences: each of this core's tiles (t = X, X + C, ...) is read from
+        HBM once and multiplied by the B activations with `mma` (its (tr x kc) block times
+        the (kc x B) activations into the tile's (tr x B) accumulator). When B activations of
+        K floats do not fit SRAM beside two blocks, K is taken kc columns at a time: that
+        chunk of every sequence's activation is loaded, then the kc columns of each of the
+        core's tiles (contiguous in a column-major tile), double-buffered; the accumulators of
+        all the core's tiles stay in SRAM until the last chunk, so every weight byte still
+        crosses once a step. Then bias, activation and the B rows of y are stored tile by
+        tile."""
+        rb, L, C, B, A = self.rb, self.labels, self.C, self.B, self.arena
+        g, wd, wb = self.layout.gemv[s.id], self.dtype, self.wb
+        K, tr = s.in_len, g.tr
+        swiglu = s.prologue == "swiglu"
+        (fin,) = s.in_flows
+        mt = -(-g.nt // C)  # the most tiles a core has
+        acc = A.take(mt * tr * B * 4)
+        bias = A.take(tr * 4) if g.bias else None
+        free = self.machine.sram_bytes - A.top - 4 * 64
+        per_col = 2 * tr * wb + B * 4 * (2 if swiglu else 1)  # two blocks, x (and up)
+        fits = [d for d in _divisors(K) if d * per_col <= free and d < 2 ** 15]
+        if not fits:
+            raise CompileError(f"stage '{s.name}': the accumulators of {B} sequences "
+                               f"({mt * tr * B * 4} bytes) leave no room for a column of "
+                               f"weights and activations in a core's SRAM on machine "
+                               f"'{self.machine.name}': use fewer sequences")
+        kc = max(fits)
+        self.chunks[s.id] = kc
+        sub = tr * kc * wb  # bytes of a tile's chunk
+        x = A.take(B * kc * 4)
+        up = A.take(B * kc * 4) if swiglu else None
+        wa, wbuf = A.take(sub), A.take(sub)
+        step = C * g.tile_bytes
+        idle = L("gemv_idle")
+        rb.li("r7", g.nt // C)  # r7: this core's tiles
+        if g.nt % C:
+            more = L("more")
+            rb.li("r1", g.nt % C)
+            rb.bge("X", "r1", more)
+            rb.addi("r7", "r7", 1)
+            rb.label(more)
+        rb.beq("r7", ZR, idle)
+        smem(rb, "d3", acc, mt * tr * B)
+        rb.vfill("d3", ZF)
+        rb.li("r9", 0)  # r9: the chunk's first column k0, as bytes of an activation (k0 * 4)
+        rb.li("r8", 0)  # r8: its offset in a tile (k0 * tr * wb)
+        top, end = L("chunk"), L("chunk_end")
+        rb.label(top)
+        for b in range(B):  # the chunk of every sequence's activation (tag 4)
+            self.seq = b
+            self.hbm("r0", s, self.flow(fin))
+            rb.add("r0", "r0", "r9")
+            smem(rb, "d2", x + b * kc * 4, kc)
+            rb.dmald("d2", "r0", 4)
+            if swiglu:  # up follows gate in a sequence's row of the flow
+                rb.addi("r0", "r0", K * 4)
+                smem(rb, "d2", up + b * kc * 4, kc)
+                rb.dmald("d2", "r0", 4)
+        self.seq = 0
+        self.hbm("r1", s, g.tiles)  # r1: this core's next tile's chunk
+        rb.muli("r2", "X", g.tile_bytes)
+        rb.add("r1", "r1", "r2")
+        rb.add("r1", "r1", "r8")
+        rb.addi("r3", "r7", 0)  # r3: tiles left in this chunk
+        rb.li("r2", 0)  # r2: byte offset of the tile's accumulator
+        smem(rb, "d0", wa, tr, wd)
+        rb.d2d("d0", kc, tr)  # (tr, kc) column-major
+        smem(rb, "d1", wbuf, tr, wd)
+        rb.d2d("d1", kc, tr)
+
+        def fetch(dw, tag):
+            rb.dmald(dw, "r1", tag)
+            rb.addi("r1", "r1", step)
+
+        def prefetch(dw, tag):  # the tile after this one, if this core has one
+            skip = L("no_prefetch")
+            rb.li("r6", 1)
+            rb.bge("r6", "r3", skip)
+            fetch(dw, tag)
+            rb.label(skip)
+
+        def consume(dw, tag):
+            rb.dmawait(tag)
+            rb.daddr("d3", "r2", acc)
+            rb.mma("d3", dw, "d2")
+            rb.addi("r2", "r2", tr * B * 4)
+            rb.addi("r3", "r3", -1)
+
+        fetch("d0", 0)
+        rb.dmawait(4)
+        if swiglu:  # x = silu(gate) * up, every sequence's chunk at once
+            smem(rb, "d7", x, B * kc)
+            smem(rb, "d8", up, B * kc)
+            rb.vsilu("d7", "d7")
+            rb.vmul("d7", "d7", "d8")
+        smem(rb, "d2", x, kc)
+        rb.d2d("d2", B, kc)  # (kc, B): a sequence a column
+        smem(rb, "d3", acc, tr)
+        rb.d2d("d3", B, tr)  # (tr, B)
+        loop = L("tiles")
+        rb.label(loop)
+        prefetch("d1", 1)
+        consume("d0", 0)
+        rb.beq("r3", ZR, end)
+        prefetch("d0", 0)
+        consume("d1", 1)
+        rb.bne("r3", ZR, loop)
+        rb.label(end)
+        rb.addi("r9", "r9", kc * 4)
+        rb.addi("r8", "r8", sub)
+        rb.li("r0", K * 4)
+        rb.blt("r9", "r0", top)
+        # bias, activation, and each sequence's piece of y into its row of every destination
+        rows = []  # (Ha of sequence 0's row, bytes from a sequence's row to the next)
+        rows += [(Ha(self.layout.flows[f]), self.layout.flow_stride[f]) for f in s.out_flows]
+        rows += [(Ha(self.layout.outputs[name]), int(np.prod(self.symbols[name][1:])) * 4)
+                 for name, _ in s.outputs]
+        if s.id in self.layout.local_out:
+            _, vg, _ = self.tp.vocab[s.id]
+            rows.append((Ha(self.layout.local_out[s.id]), self.tp_slice(vg) * C * 4))
+        rb.addi("r3", "r7", 0)
+        rb.li("r2", 0)
+        rb.muli("r6", "X", tr * 4)  # r6: byte offset of the tile's piece in a row
+        if g.bias:
+            self.hbm("r5", s, g.bias)
+            rb.add("r5", "r5", "r6")
+        ep = L("epilogue")
+        rb.label(ep)
+        if g.bias:
+            smem(rb, "d5", bias, tr)
+            rb.dmald("d5", "r5", 0)
+            rb.addi("r5", "r5", C * tr * 4)
+            rb.dmawait(0)
+            for b in range(B):
+                smem(rb, "d4", acc, tr)
+                rb.daddr("d4", "r2", acc + b * tr * 4)
+                rb.vadd("d4", "d4", "d5")
+        act = {"gelu_tanh": rb.vgelu, "gelu_erf": rb.vgelue, "silu": rb.vsilu}
+        if s.activation:
+            smem(rb, "d4", acc, tr * B)
+            rb.daddr("d4", "r2", acc)
+            act[s.activation]("d4", "d4")
+        for ha, stride in rows:
+            for b in range(B):
+                self.hbm("r4", s, Ha(ha.off + b * stride, ha.layer))
+                rb.add("r4", "r4", "r6")
+                smem(rb, "d4", acc, tr)
+                rb.daddr("d4", "r2", acc + b * tr * 4)
+                rb.dmast("d4", "r4", 2)
+        rb.addi("r6", "r6", C * tr * 4)
+        rb.addi("r2", "r2", tr * B * 4)
+        rb.addi("r3", "r3", -1)
+        rb.bne("r3", ZR, ep)
+        rb.dmawait(2)
+        rb.label(idle)
+
     def swiglu_chunked(self, s: Stage, x: int, ups: list[int], U: int) -> None:
         """x = silu(gate) * up with up streamed in U-float chunks through two buffers (tags 5
         and 6: chunk c + 1 in flight while chunk c is used), for SRAM that cannot hold both
@@ -767,13 +1047,13 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
         mesh does, store what later stages read."""
         rb, A, wd = self.rb, self.arena, self.dtype
         skip = self.labels("not_core0")
-        rb.bne("X", ZR, skip)
+        self.skip_idle(skip)
         n = s.attrs["hidden"]
         bufs = {name: A.take(length * 4) for name, length in s.buffers.items()}
         params = {w: A.take(n * self.wb) for w in self.layout.params[s.id]}
         for fid in s.in_flows:
             f = self.plan.flows[fid]
-            self.hbm("r0", s, Ha(self.layout.flows[fid]))
+            self.hbm("r0", s, self.flow(fid))
             smem(rb, "d1", bufs[s.flow_buffer[fid]], f.length)
             rb.dmald("d1", "r0", 0)
         for w, ha in self.layout.params[s.id].items():
@@ -791,10 +1071,11 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
             else:
                 norm_code(rb, kind, bufs[dst], bufs[srcs[0]], length, None, attrs, params, wd,
                           mem=smem)
-        stores = [(self.layout.flows[fid], s.send_buffer[fid]) for fid in s.out_flows]
-        stores += [(self.layout.outputs[name], buf) for name, buf in s.outputs]
-        for addr, buf in stores:
-            self.hbm("r0", s, Ha(addr))
+        stores = [(self.flow(fid), s.send_buffer[fid]) for fid in s.out_flows]
+        stores += [(Ha(self.layout.outputs[name], seq=self.out_row(name)), buf)
+                   for name, buf in s.outputs]
+        for ha, buf in stores:
+            self.hbm("r0", s, ha)
             smem(rb, "d1", bufs[buf], s.buffers[buf])
             rb.dmast("d1", "r0", 1)
         rb.dmawait(1)
@@ -804,7 +1085,7 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
         """Core 0 gathers the token's (and position's) row of every table and sums them."""
         rb, A, wd = self.rb, self.arena, self.dtype
         skip = self.labels("not_core0")
-        rb.bne("X", ZR, skip)
+        self.skip_idle(skip)
         n = s.attrs["hidden"]
         acc = A.take(n * 4)
         rows = [A.take(n * self.wb) for _ in s.tables]
@@ -812,7 +1093,7 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
             if index is None:  # a constant row (BERT's token type 0)
                 rb.li("r1", 0)
             else:
-                rb.lw("r1", ZR, self.io + (0 if index == "input_ids" else 4))
+                self.load_io("r1", index)
             self.hbm("r0", s, ha)
             rb.muli("r1", "r1", n * self.wb)
             rb.add("r0", "r0", "r1")
@@ -826,17 +1107,18 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
             smem(rb, "d2", row, n, wd)
             rb.vadd("d1", "d1", "d2")
         for fid in s.out_flows:
-            self.hbm("r0", s, Ha(self.layout.flows[fid]))
+            self.hbm("r0", s, self.flow(fid))
             rb.dmast("d1", "r0", 1)
         rb.dmawait(1)
         rb.label(skip)
 
 
 def compile_hbm(plan: Plan, machine, dtype: str, shape_only: bool, base_dir, name: str,
-                double_buffer: bool = True):
-    """(Program, CompileReport) of `plan` for an HBM machine (module docstring)."""
+                double_buffer: bool = True, sequences: int = 1):
+    """(Program, CompileReport) of `plan` for an HBM machine (module docstring); sequences
+    = B: a batched step of B independent sequences."""
     return HbmCompiler(plan, machine, dtype, shape_only, base_dir, name,
-                       double_buffer).compile()
+                       double_buffer, sequences).compile()
 
 
 def format_hbm(program, report) -> str:

@@ -11,6 +11,10 @@ the core's positions, and the weighted sum is one `mva` a chunk (V^T, also K row
 the unfilled rows of the last chunk and their scores zero. With P > 1 each core stores its
 part's max m, sum l and normalised output o to HBM; after a barrier one core a query head
 combines them: o = sum_p exp(m_p - M) l_p o_p / sum_p exp(m_p - M) l_p.
+
+Several sequences (a batched step): the stage runs once a sequence in a loop (hbm.py's
+seq_loop), each with its own K and V caches (B of them a stage, one after the other), its own
+position and its own block of parts.
 """
 
 from __future__ import annotations
@@ -61,6 +65,19 @@ class HbmAttention:
         sg, P = self.attn_plan(s)
         return 0 if P == 1 else s.attrs["n_heads"] * P * (s.attrs["head_dim"] + 2) * 4
 
+    def attn_seq(self, s: Stage, ha: Ha) -> Ha:
+        """The sequence being emitted's K (or V) cache: the B caches of a stage follow each
+        other, (n_kv_heads, max_context, head_dim) each."""
+        a = s.attrs
+        one = a["n_kv_heads"] * a["max_context"] * a["head_dim"] * WEIGHT_BYTES[self.dtype]
+        return Ha(ha.off, ha.layer, one if self.seq_rt else 0)
+
+    def scratch_at(self, reg: str) -> None:
+        """reg = the HBM address of the looping sequence's parts' (m, l, o) (a block a
+        sequence, so that the next sequence's parts never overwrite one a core is still
+        combining)."""
+        self.hbm_abs(reg, self.layout.scratch, self.scratch_one if self.seq_rt else 0)
+
     def _attn_buffers(self, A, s: Stage, sg: int, P: int = 1) -> dict:
         a = s.attrs
         hd, ctx = a["head_dim"], a["max_context"]
@@ -94,6 +111,7 @@ class HbmAttention:
         kvd = self.dtype  # caches in the weight dtype, as on the mesh (codegen_attn.py)
         kvb = WEIGHT_BYTES[kvd]
         kha, vha, CH = self.layout.kv[s.id]
+        kha, vha = self.attn_seq(s, kha), self.attn_seq(s, vha)
         rope = a["rope_q"] or a["rope_k"]
         b = self._attn_buffers(A, s, group, P)
         q, k, v, cos, sin, tmp = (b[x] for x in ("q", "k", "v", "cos", "sin", "tmp"))
@@ -116,7 +134,7 @@ class HbmAttention:
             rb.li("r8", subs)
             rb.div("r8", item, "r8")
             kvh = "r8"
-        self.hbm("r0", s, Ha(self.layout.flows[fin]))
+        self.hbm("r0", s, self.flow(fin))
         for off, per_head, n, buf, idx in ((a["q_off"], qn, qn, q, item),
                                            (a["k_off"], hd, hd, k, kvh),
                                            (a["v_off"], hd, hd, v, kvh)):
@@ -125,7 +143,7 @@ class HbmAttention:
             rb.addi("r1", "r1", off * 4)
             smem(rb, "d1", buf, n)
             rb.dmald("d1", "r1", 0)
-        rb.lw("r2", ZR, self.io + 4)  # r2: the position
+        self.load_io("r2", "position_ids")  # r2: the position
         if rope:
             for addr, buf in zip(self.layout.rope[s.id], (cos, sin)):
                 self.hbm_abs("r0", addr)
@@ -280,7 +298,7 @@ class HbmAttention:
         rb.vfill("d9", ZF)
         stream("r5", weigh)
         if P == 1:
-            self.hbm("r0", s, Ha(self.layout.flows[fout]))
+            self.hbm("r0", s, self.flow(fout))
             rb.muli("r1", "r13", qn * 4)
             rb.add("r0", "r0", "r1")
             smem(rb, "d1", o, qn)
@@ -296,7 +314,7 @@ class HbmAttention:
             smem(rb, "d9", o, qn)
             rb.vfill("d9", ZF)
             rb.label(store)  # head c = item * sg + j: m at part, l at P + part, o at 2P + ..
-            self.hbm_abs("r0", self.layout.scratch)
+            self.scratch_at("r0")
             rb.li("r8", P)
             rb.div("r1", "r13", "r8")
             rb.muli("r1", "r1", group * blk * 4)
@@ -333,7 +351,7 @@ class HbmAttention:
         rb.addi("r13", "X", 0)
         rb.fli("f6", 1.0)
         rb.label(top)
-        self.hbm_abs("r0", self.layout.scratch)
+        self.scratch_at("r0")
         rb.muli("r1", "r13", blk * 4)
         rb.add("r0", "r0", "r1")
         smem(rb, "d1", comb, blk)
@@ -354,7 +372,7 @@ class HbmAttention:
         smem(rb, "d8", comb + 2 * P * 4, hd)
         rb.d2d("d8", P, hd)  # the parts' o, (P, hd) row-major: (hd, P) column-major
         rb.mva("d9", "d8", "d1")
-        self.hbm("r0", s, Ha(self.layout.flows[s.out_flows[0]]))
+        self.hbm("r0", s, self.flow(s.out_flows[0]))
         rb.muli("r1", "r13", hd * 4)
         rb.add("r0", "r0", "r1")
         rb.dmast("d9", "r0", 2)

@@ -1,5 +1,7 @@
-"""Small emitters of the HBM target (isa/compiler/hbm.py, hbm_attn.py): HBM addresses in
-registers, SRAM descriptors anywhere in a core's SRAM."""
+"""Small emitters of the HBM target (isa/compiler/hbm.py, hbm_attn.py, hbm_tp.py): HBM
+addresses in registers, SRAM descriptors anywhere in a core's SRAM, a stage's SRAM arena and
+the recorder that compares two layers' code (here so that those modules need not import
+hbm.py, which imports them)."""
 
 from __future__ import annotations
 
@@ -10,15 +12,24 @@ from wse_emu.isa.compiler.lower import CompileError
 
 RL = "r12"  # the layer block's HBM base address inside a layer's code
 S0 = "r10"  # scratch of smem for lengths past 16 bits
-IO_BYTES = 64  # input_ids, position_ids, the barrier token
+IO_BYTES = 64  # input_ids, position_ids, the barrier token (one sequence)
+
+
+def io_bytes(sequences: int) -> int:
+    """SRAM bytes of the io block for B sequences: B input ids at 0, B positions at 4B, the
+    barrier token at 8B, the index of the sequence a loop is at at 8B + 4 (one sequence: the
+    64 bytes of IO_BYTES)."""
+    return max(IO_BYTES, -(-(8 * sequences + 8) // 64) * 64)
 
 
 @dataclass(frozen=True)
 class Ha:
-    """An HBM address: `off` bytes from 0, or from the layer block's base (r12) when layer."""
+    """An HBM address: `off` bytes from 0, or from the layer block's base (r12) when layer;
+    inside a loop over the sequences, plus `seq` bytes times the sequence's index."""
 
     off: int
     layer: bool = False
+    seq: int = 0
 
 
 def li64(rb, reg: str, v: int) -> None:
@@ -51,8 +62,10 @@ def smem(rb, d, addr: int, n, dtype="f32") -> None:
 class _Arena:
     """Bump allocation of one stage's SRAM buffers (every stage reuses the same space)."""
 
-    def __init__(self, base: int, limit: int, what: str, machine):
+    def __init__(self, base: int, limit: int, what: str, machine,
+                 fix: str = "a smaller max_context"):
         self.base, self.top, self.limit, self.what, self.machine = base, base, limit, what, machine
+        self.fix = fix
 
     def take(self, nbytes: int, align: int = 64) -> int:
         addr = -(-self.top // align) * align
@@ -60,7 +73,7 @@ class _Arena:
         if self.top > self.limit:
             raise CompileError(f"stage '{self.what}' needs {self.top} bytes of SRAM a core but "
                                f"machine '{self.machine.name}' has {self.machine.sram_bytes} "
-                               f"(with {self.base} for code): use a smaller max_context")
+                               f"(with {self.base} for code): use {self.fix}")
         return addr
 
 

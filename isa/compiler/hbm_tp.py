@@ -265,27 +265,31 @@ class HbmTensorParallel:
 
     def emit_allreduce(self, s: Stage) -> None:
         """Sum the partial outputs of row-parallel stage s over the GPUs, in place in each
-        GPU's flow buffers: SM x loads slice x, the column allreduces it, SM x stores it."""
-        rb, n = self.rb, self.tp_slice(s.out_len)
+        GPU's flow buffers: SM x loads slice x (of every sequence's row, side by side: one
+        allreduce for the B sequences, its link latencies paid once), the column allreduces
+        it, SM x stores it."""
+        rb, n, B = self.rb, self.tp_slice(s.out_len), self.B
         buf = self.tp_buf
-        smem(rb, "d1", buf, n)
         rb.muli("r1", "X", n * 4)
-        dests = [self.layout.flows[f] for f in s.out_flows]
-        self.hbm("r0", s, Ha(dests[0]))
-        rb.add("r0", "r0", "r1")
-        rb.dmald("d1", "r0", 0)
-        rb.dmawait(0)
-        self._collective(n, buf)
-        smem(rb, "d1", buf, n)
-        for dest in dests:
-            self.hbm("r0", s, Ha(dest))
+        for self.seq in range(B):
+            self.hbm("r0", s, self.flow(s.out_flows[0]))
             rb.add("r0", "r0", "r1")
-            rb.dmast("d1", "r0", 1)
+            smem(rb, "d1", buf + self.seq * n * 4, n)
+            rb.dmald("d1", "r0", 0)
+        rb.dmawait(0)
+        self._collective(B * n, buf)
+        for f in s.out_flows:
+            for self.seq in range(B):
+                self.hbm("r0", s, self.flow(f))
+                rb.add("r0", "r0", "r1")
+                smem(rb, "d1", buf + self.seq * n * 4, n)
+                rb.dmast("d1", "r0", 1)
+        self.seq = 0
         rb.dmawait(1)
 
     def tp_block_bytes(self) -> int:
         """SRAM bytes of the block every allreduce and the logit gather use."""
-        n = [self.tp_slice(s.out_len) for s in self.plan.stages
+        n = [self.tp_slice(s.out_len) * self.B for s in self.plan.stages
              if s.id in self.tp.splits and self.tp.splits[s.id].kind == "row"]
         n += [self.G * self.tp_slice(vg) for _, vg, _ in self.tp.vocab.values()]
         return 4 * max(n, default=1)
@@ -305,7 +309,8 @@ class HbmTensorParallel:
         smem(rb, "d1", block, G * n)
         rb.vfill("d1", ZF)
         rb.muli("r1", "X", n * 4)
-        self.hbm("r0", s, Ha(self.layout.local_out[s.id]))
+        self.hbm("r0", s, Ha(self.layout.local_out[s.id],
+                             seq=n * self.C * 4 if self.seq_rt else 0))
         rb.add("r0", "r0", "r1")
         rb.muli("r2", "GY", n * 4)
         smem(rb, "d1", block, n)
@@ -330,6 +335,7 @@ class HbmTensorParallel:
             rb.addi("r3", "r2", 0)
             rb.label(f"{none}_full")
             li64(rb, "r0", out + g * vg * 4)
+            self.seq_offset("r0", self.out_row(name) if self.seq_rt else 0)  # its row
             rb.add("r0", "r0", "r1")
             smem(rb, "d1", block + g * n * 4, n)
             rb.dlen("d1", "r3")

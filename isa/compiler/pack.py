@@ -102,6 +102,9 @@ class CompileReport:
                         f"max_context {self.max_context}")
             lines.append(f"HBM: {self.hbm_bytes / 1e9:.3f} GB declared, of which weight "
                          f"matrices {self.weight_hbm_bytes / 1e9:.3f} GB (read once a token)")
+            if self.sequences > 1:
+                lines[-1] = lines[-1].replace("once a token", f"once a step of {self.sequences} "
+                                              f"sequences, a KV cache each, batched")
         if self.predicted:
             total = sum(self.predicted.values())
             if self.sequences > 1:

@@ -82,8 +82,9 @@ def compile_model(source, machine, dtype: str = "f32", max_context: int | None =
     `mapping`: "wafer" (decode steps of GPT-2 and Llama: layers on grids, isa/compiler/wafer.py)
     or "chain" (the stage chain: encoders, several positions a run, small machines); default
     the wafer mapping where it applies and fits, else the stage chain. `sequences` = B: B
-    independent sequences in flight (the wafer mapping only: B KV caches a layer, a run
-    takes one token of each and the layers' regions pipeline them)."""
+    independent sequences in flight (B KV caches a layer, a run takes one token of each: on
+    the wafer mapping the layers' regions pipeline them, on an HBM target the step is
+    batched, every weight read once for the B tokens)."""
     if not isinstance(machine, Machine):
         raise CompileError(f"machine must be an isa.machine.Machine (isa.machine.load_machine), "
                            f"got {machine!r}")
@@ -93,9 +94,6 @@ def compile_model(source, machine, dtype: str = "f32", max_context: int | None =
     hbm_target = machine.kind == "hbm"  # weights streamed from HBM
     if isinstance(sequences, bool) or not isinstance(sequences, int) or sequences < 1:
         raise CompileError(f"sequences must be a positive integer, got {sequences!r}")
-    if sequences > 1 and hbm_target:
-        raise CompileError(f"--sequences {sequences}: the HBM target ('{machine.name}') runs "
-                           f"one sequence (a batched step is not implemented yet)")
     if sequences > 1 and (mapping == "chain" or (positions or 1) != 1):
         raise CompileError(f"--sequences {sequences} needs the wafer mapping of a decode step "
                            f"(one position a run)")
@@ -126,7 +124,8 @@ def compile_model(source, machine, dtype: str = "f32", max_context: int | None =
         # one kernel over every core, weights streamed from HBM (isa/compiler/hbm.py)
         from wse_emu.isa.compiler.hbm import compile_hbm, format_hbm
         name = Path(str(source)).name.replace(".graph.json", "") or "model"
-        program, report = compile_hbm(plan, machine, dtype, shape_only, base_dir, name)
+        program, report = compile_hbm(plan, machine, dtype, shape_only, base_dir, name,
+                                      sequences=sequences)
         if program.model is not None and program.model.shape_only != shape_only:
             program = replace(program, model=replace(program.model, shape_only=shape_only))
         if "placement" in dump:
