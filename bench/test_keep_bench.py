@@ -3,8 +3,8 @@ explicit-SIMD tile kernel (kernels/columns.py), each measured by turning it off.
 
 Each variant runs bench/features.py in its own process (the prefetch and SIMD switches are read
 when the kernels are compiled, so those processes get their own Numba cache and compile afresh:
-the case takes several minutes). The default build runs first and last, and each case's reference is
-the shorter of those two. A feature stays only where it buys at least 10 % on one of the cases
+the case takes several minutes). The default build runs first and last, and each case's
+reference is the shorter of those two. A feature stays only where it buys at least 10 % on one of the cases
 (bench/README.md records the figures): extra_info holds `<variant>_<case>` = the variant's time
 over the default build's (above 1.10 = the feature pays there).
 
