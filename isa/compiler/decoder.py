@@ -6,19 +6,23 @@ attributes, the output projection, the MLP's products, then the final norm and t
 A graph that is not a GPT-2- or Llama-style decoder raises NotADecoder (the pipeline then
 uses the stage-chain mapping).
 
-`Geometry` is the layout of one layer on an n x n grid of PEs (docs/compiler.md, "Layouts"):
+`Geometry` is the layout of one layer on an R x C grid of PEs (R rows, C columns;
+docs/compiler.md, "Layouts"):
 
-- the residual x (length d) in blocks of K = d / n along the rows: row i holds x[i K:(i+1) K],
-  every PE of the row the same block (replicated along the row): layout R;
+- the residual x (length d) in blocks of K = ceil(d / R) along the rows: row i holds
+  x[i K:(i+1) K], every PE of the row the same block (replicated along the row): layout R;
 - q, k, v after their fused allreduce along the columns: column j holds, for KV head
-  g = j // s (s = n / kv_heads columns a KV head), the head-dim slice D_j = two runs of h2 =
-  head_dim / (2 s) dims, {c h2 .. (c+1) h2 - 1} and the same + head_dim / 2 (c = j mod s), of
-  k, of v and of the `group` query heads that read KV head g: layout C. RoPE rotates dim t
-  with dim t + head_dim / 2, so each column rotates its own slice;
+  g = j // s (s = C / kv_heads columns a KV head), the head-dim slice D_j = two runs of h2 =
+  ceil(head_dim / (2 s)) dims, {c h2 .. (c+1) h2 - 1} and the same + head_dim / 2 (c = j mod
+  s), of k, of v and of the `group` query heads that read KV head g: layout C. RoPE rotates
+  dim t with dim t + head_dim / 2, so each column rotates its own slice;
 - the KV cache of the layer on the same grid: column j the dims D_j of KV head g, row i the
-  positions p with p mod n == i (slot p // n), so appending a token keeps every row's share
+  positions p with p mod R == i (slot p // R), so appending a token keeps every row's share
   of positions within one of the others';
-- the MLP's hidden vector in blocks of F = f / n along the columns (layout C).
+- the MLP's hidden vector in blocks of F = ceil(f / C) along the columns (layout C).
+
+Where a side does not divide its dimension, the dimension is padded with zeros (Geometry.dp,
+fp, hdp): padded weights are zero, so padded activations stay zero.
 """
 
 from __future__ import annotations
@@ -124,9 +128,14 @@ def extract(plan: Plan) -> Decoder:
 
 @dataclass(frozen=True)
 class Geometry:
-    """One layer on an n x n grid (module docstring); every size in elements."""
+    """One layer on an R x C grid (R rows, C columns; module docstring); every size in
+    elements. A side that does not divide its dimension pads it with zeros: the residual to
+    R K elements, the MLP's hidden vector to C F, each head's two halves to s h2 dims (whole
+    RoPE pairs a column), the context to R S positions. Padded weights and activations are
+    zero, so that no padded element changes a result; norms divide by the true d."""
 
-    n: int  # grid side
+    R: int  # grid rows (the residual's blocks, the cache's position classes)
+    C: int  # grid columns (kv_heads x s: the heads' dims, the MLP's blocks)
     d: int  # hidden
     hd: int  # head dim
     heads: int
@@ -136,16 +145,26 @@ class Geometry:
     swiglu: bool
 
     @property
+    def square(self) -> bool:
+        return self.R == self.C
+
+    @property
+    def label(self):
+        """The grid as the compile option and the program's metadata name it: the side n of
+        an n x n grid, "RxC" otherwise."""
+        return self.R if self.square else f"{self.R}x{self.C}"
+
+    @property
     def K(self) -> int:  # residual block a row (layout R)
-        return self.d // self.n
+        return -(-self.d // self.R)
 
     @property
     def s(self) -> int:  # columns a KV head
-        return self.n // self.kv
+        return self.C // self.kv
 
     @property
     def h2(self) -> int:  # one half-run of a column's head dims
-        return self.hd // (2 * self.s)
+        return -(-self.hd // (2 * self.s))
 
     @property
     def D(self) -> int:  # head dims a column
@@ -165,7 +184,7 @@ class Geometry:
 
     @property
     def F(self) -> int:  # MLP hidden block a column
-        return self.f // self.n
+        return -(-self.f // self.C)
 
     @property
     def M1(self) -> int:  # first MLP product's rows a column (gate and up, or up)
@@ -173,25 +192,56 @@ class Geometry:
 
     @property
     def S(self) -> int:  # KV cache slots a PE
-        return -(-self.ctx // self.n)
+        return -(-self.ctx // self.R)
+
+    # the padded sizes (equal to the true ones where a side divides)
+    @property
+    def dp(self) -> int:  # the residual, padded
+        return self.R * self.K
+
+    @property
+    def fp(self) -> int:  # the MLP's hidden vector, padded
+        return self.C * self.F
+
+    @property
+    def hdp(self) -> int:  # a head's dims, padded (two halves of s h2)
+        return 2 * self.s * self.h2
+
+    @property
+    def padded(self) -> bool:
+        return (self.dp, self.fp, self.hdp) != (self.d, self.f, self.hd)
+
+
+def grid_shapes(dec: Decoder, rows=None, cols=None) -> list[tuple[int, int]]:
+    """Grids (R, C) the layout allows: C = kv_heads x s with 1 <= s <= head_dim / 2 (a column
+    holds at least one RoPE pair of every head), 1 <= R <= hidden; rows / cols restrict them
+    to the given values. Without restriction only the sides that need no padding (R = C
+    divides d and f, s divides head_dim / 2): `candidates` lists the rectangles."""
+    half = dec.head_dim // 2
+    if dec.head_dim % 2:
+        return []
+    if rows is None and cols is None:
+        out = []
+        for s in range(1, half + 1):
+            n = s * dec.kv_heads
+            if half % s == 0 and dec.hidden % n == 0 and dec.intermediate % n == 0:
+                out.append((n, n))
+        return out
+    rows = [r for r in rows if 1 <= r <= dec.hidden]
+    cols = [c for c in cols if c % dec.kv_heads == 0 and 1 <= c // dec.kv_heads <= half]
+    return [(r, c) for r in rows for c in cols]
 
 
 def grid_sides(dec: Decoder) -> list[int]:
-    """Grid sides n the layout allows: n divides d and f, n is a multiple of the KV heads, and
-    a column's head dims are whole RoPE pairs (n / kv_heads divides head_dim / 2)."""
-    out = []
-    half = dec.head_dim // 2
-    for s in range(1, half + 1):
-        if half % s:
-            continue
-        n = s * dec.kv_heads
-        if dec.hidden % n == 0 and dec.intermediate % n == 0 and dec.head_dim % 2 == 0:
-            out.append(n)
-    return out
+    """Square sides n that need no padding (n divides d and f, n / kv_heads divides
+    head_dim / 2)."""
+    return [r for r, _ in grid_shapes(dec)]
 
 
-def geometry(dec: Decoder, n: int, ctx: int | None = None) -> Geometry:
-    return Geometry(n, dec.hidden, dec.head_dim, dec.heads, dec.kv_heads, dec.intermediate,
+def geometry(dec: Decoder, grid, ctx: int | None = None) -> Geometry:
+    """The Geometry of grid (R, C) (or the side n of a square)."""
+    R, C = (grid, grid) if isinstance(grid, int) else grid
+    return Geometry(R, C, dec.hidden, dec.head_dim, dec.heads, dec.kv_heads, dec.intermediate,
                     ctx or dec.max_context, dec.layers[0].swiglu)
 
 

@@ -1,9 +1,9 @@
-"""Mapping strategy `attention`: the KV cache spread over the layer's n x n grid (positions
+"""Mapping strategy `attention`: the KV cache spread over the layer's R x C grid (positions
 along the rows, head dims along the columns, a KV head's s columns a segment), attention by
 local products and line allreduces (docs/compiler.md, "Attention").
 
 Column j holds (after q/k/v's allreduce) the dims D_j of KV head g's k and v and of its
-`group` query heads; row i keeps the positions p with p mod n == i, slot p // n, of those dims:
+`group` query heads; row i keeps the positions p with p mod R == i, slot p // R, of those dims:
 
     K cache  (S x D)      column-major: a dim a column, so the scores are one `mm`
     V cache  (D + 1) x S  column-major: a slot a column, its D dims and a constant 1, so that
@@ -21,7 +21,9 @@ A step:
   4. max: each head's over the PE's slots, allreduce (max) along the column (all
      positions); p = exp(scores - max).
   5. [o; l] ((D + 1) x group) = V cache p; allreduce along the column; o / l.
-The cost of a step is set by S = ceil(max_context / n) slots a PE, not by the position.
+The cost of a step is set by S = ceil(max_context / R) slots a PE, not by the position.
+Padded head dims (decoder.Geometry: s columns that do not divide head_dim / 2) hold zeros in
+q, k and v, so they add nothing to a score and give zero outputs; their RoPE angles are zero.
 """
 
 from __future__ import annotations
@@ -281,15 +283,20 @@ def rope_tables(theta: float, hd: int, ctx_len: int) -> tuple[int, list]:
 
 def rope_source(ctx, pb, name: str, x0: int, geo, theta: float, color: int, default_pos,
                 y0: int = 0, seqs: int = 1) -> None:
-    """Row y0 (a wafer's row 0) above a lattice slot of n columns: PE j computes cos and sin
+    """Row y0 (a wafer's row 0) above a lattice slot of C columns: PE j computes cos and sin
     of this position (of each sequence's) at column j's frequencies and sends them down its
     column (through every grid below on its wafer)."""
-    s, h2, n = geo.s, geo.h2, geo.n
+    s, h2, n = geo.s, geo.h2, geo.C
     B, tables = rope_tables(theta, geo.hd, geo.ctx)
     H = tables[2].shape[0]
     names = []
+    tail = ""
+    if geo.hdp != geo.hd:  # each column's h2 frequencies: the tables padded to s h2 columns
+        from wse_emu.isa.compiler.map_gemv import pad_array
+        tables = [pad_array(geo, t, (None, "rope")) for t in tables]
+        tail = f"_{s * h2}"
     for k, t in enumerate(tables):
-        tname = f"rope{k}_{geo.hd}_{geo.ctx}_{theta:g}"
+        tname = f"rope{k}_{geo.hd}_{geo.ctx}_{theta:g}{tail}"
         if tname not in ctx.declared:
             pb.tensor(tname, t)
             ctx.declared.add(tname)
@@ -338,7 +345,7 @@ def mask_source(ctx, pb, name: str, y0: int, geo, color: int, default_pos,
                 seqs: int = 1) -> None:
     """Column 0 beside a band of grids: PE i sends row i's [mask, one-hot, keep] of this
     position (of each sequence's) east along its row (through every grid of the band)."""
-    n, S = geo.n, geo.S
+    n, S = geo.R, geo.S
     rb = pb.region(name, 0, y0, 1, n)
     pos = rb.alloc("pos", 4 * seqs)
     rb.piece("position_ids", pos, I32, (seqs, 1))

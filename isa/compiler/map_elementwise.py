@@ -6,6 +6,10 @@ holds block i, replicated along the row) sums its block locally and allreduces o
 along the column (the column's PEs hold every block once): RMSNorm the sum of squares,
 LayerNorm first the sum (for the mean), then the sum of squared deviations, as transformers
 computes them. SiLU, GELU and the SwiGLU product are local on layout C.
+
+Padded residual elements (decoder.Geometry: d padded to R K) are zero and their gains and
+biases too, so a norm's output stays zero there; the norms divide by the true d, and
+LayerNorm takes the padded elements' (0 - mean)^2 back out of its sum of squared deviations.
 """
 
 from __future__ import annotations
@@ -54,6 +58,12 @@ def norm(ctx, nrm, x, out, params: dict) -> None:
     scalar_to_mem(rb, scal, "f2")
     ctx.allreduce(ctx.col, scal, 1, what="norm allreduce")
     mem_to_scalar(rb, "f2", scal)
+    if nrm.kind == "layernorm" and geo.dp != geo.d:  # the padded elements' mean^2 each
+        rb.fli("f4", float(geo.dp - geo.d))
+        rb.fmul("f4", "f4", "f1")
+        rb.fmul("f4", "f4", "f1")
+        rb.fsub("f2", "f2", "f4")
+        ctx.charge("norm", c.scalar(4))
     rb.fmul("f2", "f2", "f7")
     rb.fadd("f2", "f2", "f8")
     rb.frsqrt("f3", "f2")
@@ -74,18 +84,20 @@ def norm(ctx, nrm, x, out, params: dict) -> None:
                   if nrm.kind == "layernorm" else 0))
 
 
-def load_norm(ctx, rb, nrm, params: dict) -> None:
-    """Allocate and load the blocks (K elements, row i's) of a norm's weights."""
-    K, n = ctx.geo.K, ctx.geo.n
+def load_norm(ctx, rb, nrm, params: dict, width: int | None = None) -> None:
+    """Allocate and load the blocks (K elements, row i's) of a norm's weights on every PE of
+    the region's `width` columns (a layer's C)."""
+    K, R = ctx.geo.K, ctx.geo.R
+    from wse_emu.isa.compiler.map_gemv import load_block, padded
     from wse_emu.isa.compiler.placement import WEIGHT_BYTES
     for wname in nrm.params:
         if wname in params:
             continue
         params[wname] = rb.alloc("n_" + wname.replace(".", "_"), K * WEIGHT_BYTES[ctx.dtype])
         if not ctx.shape_only:
-            ref = ctx.graph.weights[wname]
-            rb.load(ctx.weights.tensor(ref), params[wname], ctx.dtype, (K, 1), (0, 1, 0), 0,
-                    "F", rect=(0, 0, n, n))
+            ref = padded(ctx, ctx.graph.weights[wname], ("d",))
+            load_block(ctx, rb, ref, params[wname], K, 1, (0, 1, 0), 0, K,
+                       (0, 0, width or ctx.geo.C, R))
 
 
 def residual_add(ctx, x, y) -> None:

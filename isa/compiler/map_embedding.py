@@ -1,11 +1,12 @@
-"""Mapping strategy `embedding`: the token (and GPT-2's position) table on a grid of n rows
+"""Mapping strategy `embedding`: the token (and GPT-2's position) table on a grid of R rows
 beside the first layer, its rows split into m blocks along the columns.
 
 PE (j, i) holds rows j*vb .. (j+1)*vb - 1 of the table, the hidden block i (K elements: layout
 R, as the first layer reads it). Each PE reads the token id; the one PE of each row whose block
 holds the token's entry sends its K elements east on the row's bus, a color every router of the
 row forwards east (from the west and from its own PE), which delivers to every PE of the first
-layer's row: one message of K wavelets a row, n rows at once. The position table (GPT-2) has
+layer's row: one message of K wavelets a row, R rows at once (on a padded grid, d < R K, the
+table's rows padded with zeros to R K). The position table (GPT-2) has
 its own bus; the first layer adds the two.
 
 Several sequences (seqs > 1): the region loops over s = 0 .. seqs-1 (r0 = s, r10 = 4 s) and
@@ -17,7 +18,7 @@ the first layer sends once it has taken the earlier row: rows reach it in sequen
 from __future__ import annotations
 
 from wse_emu.isa.compiler.decoder import divisors
-from wse_emu.isa.compiler.map_gemv import load_block
+from wse_emu.isa.compiler.map_gemv import Padded, load_block, padded
 from wse_emu.isa.compiler.emit import I32
 from wse_emu.isa.compiler.placement import WEIGHT_BYTES
 
@@ -40,8 +41,8 @@ def columns(rows: int, K: int, wbytes: int, exact: bool) -> tuple[int, int]:
 
 def emit(ctx, pb, name: str, ref, index: str, x0: int, y0: int, m: int, vb: int, K: int,
          color: int, default_pos, seqs: int = 1, ready: int | None = None) -> None:
-    """The table's region: (x0, y0), m columns x n rows."""
-    n = ctx.geo.n
+    """The table's region: (x0, y0), m columns x R rows."""
+    n = ctx.geo.R
     wb = WEIGHT_BYTES[ctx.dtype]
     rb = pb.region(name, x0, y0, m, n)
     table = rb.alloc("table", vb * K * wb)
@@ -50,7 +51,8 @@ def emit(ctx, pb, name: str, ref, index: str, x0: int, y0: int, m: int, vb: int,
     if index == "position_ids":
         rb.load(default_pos, idx, I32, (seqs, 1))
     if not ctx.shape_only:  # C order: a table row's K elements contiguous
-        tname = ctx.weights.tensor(ref)
+        ref = padded(ctx, ref, (None, "d"))
+        tname = ref.name if isinstance(ref, Padded) else ctx.weights.tensor(ref)
         rb.load(tname, table, ctx.dtype, (vb, K), (0, 0, 1), (0, 1, 0), "C")
     end = "end"
     if seqs > 1:

@@ -1,4 +1,4 @@
-"""Mapping strategy `gemv`: a matrix-vector product on an n x n grid as local tile products
+"""Mapping strategy `gemv`: a matrix-vector product on an R x C grid as local tile products
 followed by one allreduce along a line (docs/compiler.md, "Products").
 
 PE (j, i) (column j, row i) holds the tile of W whose input block it already has and whose
@@ -14,11 +14,71 @@ so consecutive products alternate their reduction axis and no transpose or gathe
 needed; q, k and v (and gate and up) are one fused tile and one allreduce. Tiles are stored
 column-major (what `mv` reads); rows that are not contiguous in W (a column's head dims) are
 gathered at load time, one tile map per run (and per tile column when the runs interleave).
+
+On a padded grid (decoder.Geometry: a side that does not divide its dimension) the tiles come
+from zero-padded copies of the weights (`padded`), program tensors of their own: the tile maps
+then read the padded matrices with the same indices as an unpadded grid.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
+
 from wse_emu.isa.compiler.placement import WEIGHT_BYTES
+
+
+@dataclass(frozen=True)
+class Padded:
+    """A weight's zero-padded logical matrix, held by the program as tensor `name`."""
+
+    name: str
+    key: str
+    shape: tuple
+    rows: None = None
+    transpose: bool = False
+
+
+def pad_array(geo, a: np.ndarray, axes: tuple) -> np.ndarray:
+    """a (one axis an entry of axes) with zeros appended: "d" to geo.dp, "f" to geo.fp,
+    "heads" every head's two halves to s h2 dims, "rope" a table's columns (half a head) to
+    s h2; None leaves the axis."""
+    for k, how in enumerate(axes):
+        if how is None:
+            continue
+        a = np.moveaxis(a, k, -1)
+        lead = a.shape[:-1]
+        if how in ("d", "f"):
+            want = geo.dp if how == "d" else geo.fp
+            a = np.concatenate([a, np.zeros(lead + (want - a.shape[-1],), a.dtype)], -1)
+        else:
+            half = geo.hd // 2
+            parts = a.reshape(lead + (-1, half))
+            extra = geo.s * geo.h2 - half
+            a = np.concatenate([parts, np.zeros(parts.shape[:-1] + (extra,), a.dtype)], -1)
+            a = a.reshape(lead + (-1,))
+        a = np.moveaxis(a, -1, k)
+    return np.ascontiguousarray(a)
+
+
+def padded(ctx, ref, axes: tuple):
+    """The ref to load a weight's tiles from: ref itself when its axes need no padding (or
+    nothing is loaded), else a Padded copy (declared once a program)."""
+    geo = ctx.geo
+    need = {"d": geo.dp != geo.d, "f": geo.fp != geo.f, "heads": geo.hdp != geo.hd,
+            "rope": geo.hdp != geo.hd}
+    if ref is None or ctx.shape_only or not any(need[a] for a in axes if a):
+        return ref
+    from wse_emu.isa.graph_numpy import load_weight
+    key = (ref.file, ref.key, ref.rows, ref.transpose, axes, geo.R, geo.C)
+    made = ctx.padded
+    if key not in made:
+        a = pad_array(geo, load_weight(ref.key, ref), axes)
+        name = f"pad{len(made)}"
+        ctx.weights.pb.tensor(name, a)
+        made[key] = Padded(name, ref.key, a.shape)
+    return made[key]
 
 
 def _affine(v):
@@ -33,7 +93,7 @@ def load_block(ctx, rb, ref, addr, rows: int, cols: int, row_idx, col_idx, ld: i
     if ctx.shape_only:
         return
     dtype = dtype or ctx.dtype
-    name = ctx.weights.tensor(ref)
+    name = ref.name if isinstance(ref, Padded) else ctx.weights.tensor(ref)
     r0, rdy, rdx = _affine(row_idx)
     c0, cdy, cdx = _affine(col_idx)
     first = ref.rows[0] if ref.rows else 0
@@ -81,55 +141,60 @@ def qkv_runs(geo):
 def load_qkv(ctx, rb, mats, waddr, baddr) -> None:
     """The fused q/k/v tile (Mqkv x K) and bias (Mqkv) of every column (module docstring)."""
     geo = ctx.geo
-    s, h2, K, n = geo.s, geo.h2, geo.K, geo.n
+    s, h2, K, R = geo.s, geo.h2, geo.K, geo.R
+    refs = [(padded(ctx, m.ref, ("heads", "d")), padded(ctx, m.bias_ref, ("heads",)))
+            for m in mats]
     for g in range(geo.kv):
-        rect = (g * s, 0, s, n)
+        rect = (g * s, 0, s, R)
         for mat, off, start, per_head in qkv_runs(geo):
-            m = mats[mat]
+            w, b = refs[mat]
             ri = (g * per_head + start, 0, 1)
-            load_block(ctx, rb, m.ref, waddr + off * WEIGHT_BYTES[ctx.dtype], h2, K, ri,
+            load_block(ctx, rb, w, waddr + off * WEIGHT_BYTES[ctx.dtype], h2, K, ri,
                        (0, 1, 0), geo.Mqkv, rect)
-            if m.bias_ref is not None and baddr is not None:
-                load_block(ctx, rb, m.bias_ref, baddr + off * 4, h2, 1, ri, 0, h2, rect, "f32")
+            if b is not None and baddr is not None:
+                load_block(ctx, rb, b, baddr + off * 4, h2, 1, ri, 0, h2, rect, "f32")
 
 
 def load_o(ctx, rb, m, waddr, baddr) -> None:
     """The output projection's tile (K x Mq): rows block i, columns = column j's head dims of
     each query head, in the order of the attention output (ao) of the column."""
     geo = ctx.geo
-    s, h2, K, n, group = geo.s, geo.h2, geo.K, geo.n, geo.group
+    s, h2, K, R, group = geo.s, geo.h2, geo.K, geo.R, geo.group
     wb = WEIGHT_BYTES[ctx.dtype]
+    w = padded(ctx, m.ref, ("d", "heads"))
     for g in range(geo.kv):
-        rect = (g * s, 0, s, n)
+        rect = (g * s, 0, s, R)
         for hh in range(group):
             for half in range(2):
                 t = 2 * hh + half
                 ci = ((g * group + hh) * 2 * s + half * s, 0, 1)
-                load_block(ctx, rb, m.ref, waddr + t * h2 * K * wb, K, h2, (0, 1, 0), ci, K,
-                           rect)
+                load_block(ctx, rb, w, waddr + t * h2 * K * wb, K, h2, (0, 1, 0), ci, K, rect)
     if m.bias_ref is not None and baddr is not None:
-        load_block(ctx, rb, m.bias_ref, baddr, K, 1, (0, 1, 0), 0, K, (0, 0, n, n), "f32")
+        load_block(ctx, rb, padded(ctx, m.bias_ref, ("d",)), baddr, K, 1, (0, 1, 0), 0, K,
+                   (0, 0, geo.C, R), "f32")
 
 
 def load_mlp1(ctx, rb, mats, waddr, baddr) -> None:
     """Gate and up (or up alone): rows block j of each, stacked; columns block i."""
     geo = ctx.geo
-    F, K, n = geo.F, geo.K, geo.n
+    F, K, grid = geo.F, geo.K, (0, 0, geo.C, geo.R)
     wb = WEIGHT_BYTES[ctx.dtype]
     for k, m in enumerate(mats):
-        load_block(ctx, rb, m.ref, waddr + k * F * wb, F, K, (0, 0, 1), (0, 1, 0), geo.M1,
-                   (0, 0, n, n))
+        load_block(ctx, rb, padded(ctx, m.ref, ("f", "d")), waddr + k * F * wb, F, K, (0, 0, 1),
+                   (0, 1, 0), geo.M1, grid)
         if m.bias_ref is not None and baddr is not None:
-            load_block(ctx, rb, m.bias_ref, baddr + k * F * 4, F, 1, (0, 0, 1), 0, F,
-                       (0, 0, n, n), "f32")
+            load_block(ctx, rb, padded(ctx, m.bias_ref, ("f",)), baddr + k * F * 4, F, 1,
+                       (0, 0, 1), 0, F, grid, "f32")
 
 
 def load_down(ctx, rb, m, waddr, baddr) -> None:
     geo = ctx.geo
-    F, K, n = geo.F, geo.K, geo.n
-    load_block(ctx, rb, m.ref, waddr, K, F, (0, 1, 0), (0, 0, 1), K, (0, 0, n, n))
+    F, K, grid = geo.F, geo.K, (0, 0, geo.C, geo.R)
+    load_block(ctx, rb, padded(ctx, m.ref, ("d", "f")), waddr, K, F, (0, 1, 0), (0, 0, 1), K,
+               grid)
     if m.bias_ref is not None and baddr is not None:
-        load_block(ctx, rb, m.bias_ref, baddr, K, 1, (0, 1, 0), 0, K, (0, 0, n, n), "f32")
+        load_block(ctx, rb, padded(ctx, m.bias_ref, ("d",)), baddr, K, 1, (0, 1, 0), 0, K, grid,
+                   "f32")
 
 
 def product(ctx, what: str, w, M: int, K: int, x, y, line, bias=None) -> None:

@@ -1,4 +1,4 @@
-"""Mapping strategy `head`: the final norm and the LM head on a grid of n rows and m columns
+"""Mapping strategy `head`: the final norm and the LM head on a grid of R rows and m columns
 beside the last layer.
 
 The residual arrives in layout R (row i holds block i, replicated along the row), as in a
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from wse_emu.isa.compiler.map_gemv import load_block
+from wse_emu.isa.compiler.map_gemv import load_block, padded
 from wse_emu.isa.compiler.placement import WEIGHT_BYTES
 
 BUDGET = 36 * 1024
@@ -36,7 +36,8 @@ def columns(vocab: int, K: int, wbytes: int, exact: bool, at_least: int = 1,
 
 
 def load(ctx, rb, ref, addr, vb: int, K: int, m: int) -> None:
-    load_block(ctx, rb, ref, addr, vb, K, (0, 0, 1), (0, 1, 0), vb, (0, 0, m, ctx.geo.n))
+    load_block(ctx, rb, padded(ctx, ref, (None, "d")), addr, vb, K, (0, 0, 1), (0, 1, 0), vb,
+               (0, 0, m, ctx.geo.R))
 
 
 def pieces(rb, name: str, addr, vocab: int, vb: int, m: int, row: int, seqs: int = 1) -> None:

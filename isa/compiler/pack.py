@@ -73,7 +73,7 @@ class CompileReport:
     hbm_bytes: int = 0  # HBM the program declares (weights, KV caches, activations)
     weight_hbm_bytes: int = 0  # of which weight matrices, read once a token
     predicted: dict = field(default_factory=dict)  # part ("embed", "layer i", "head") -> cycles
-    grid: int = 0  # the wafer mapping's grid side n (a layer on n x n PEs); 0: stage chain
+    grid: int | str = 0  # the wafer mapping's grid: side n (n x n PEs) or "RxC"; 0: stage chain
     # a model split over a system's wafers: per wafer {chip, rows, layers [first, last],
     # predicted_cycles (its layers, the embedding or the crossing into it, the head)}
     wafers: list = field(default_factory=list)
@@ -90,6 +90,12 @@ class CompileReport:
 
     def to_json(self) -> dict:
         return dict(self.__dict__, fabric=list(self.fabric))
+
+    @property
+    def grid_text(self) -> str:
+        """The grid as people read it: "R x C"."""
+        g = str(self.grid)
+        return g.replace("x", " x ") if "x" in g else f"{g} x {g}"
 
     def __str__(self) -> str:
         lines = [f"{self.model}: {self.pes} PEs in a {self.fabric[0]} x {self.fabric[1]} box of "
@@ -113,7 +119,7 @@ class CompileReport:
                              f"predicted {self.step_cycles} cycles a step")
             lines.append(f"predicted cycles a decode step"
                          + (" of one sequence" if self.sequences > 1 else "") + f": {total} "
-                         + (f"(layers on {self.grid} x {self.grid} grids) " if self.grid else "")
+                         + (f"(layers on {self.grid_text} grids) " if self.grid else "")
                          + "; by part: " + ", ".join(f"{k} {v}"
                                                      for k, v in self.predicted.items()))
         for w in self.wafers:

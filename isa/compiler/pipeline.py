@@ -68,7 +68,7 @@ def load_graph(source, shape_only: bool = False, max_context: int | None = None)
 def compile_model(source, machine, dtype: str = "f32", max_context: int | None = None,
                   shape_only: bool = False, positions: int | None = None,
                   dump: tuple[str, ...] = (), dump_to=None, base_dir: str | None = None,
-                  grid: int | None = None, mapping: str | None = None,
+                  grid=None, mapping: str | None = None,
                   sequences: int = 1) -> tuple:
     """Compile `source` for `machine` (an isa.machine.Machine: a preset, a .toml file or a
     system NAMExN of either). Returns (Program, CompileReport); CompileError (one
@@ -78,7 +78,8 @@ def compile_model(source, machine, dtype: str = "f32", max_context: int | None =
     a run, the KV cache kept in SRAM between runs) and max_context for encoders (bidirectional
     attention needs the whole sequence in one run). Weight tensors are referenced relative to
     `base_dir` (the folder the program.bin will be written to) when given. `grid` fixes the
-    side n of the n x n grid of a decoder's layers (default: the cost model's choice).
+    grid of a decoder's layers: a side n (n x n), "RxC" or (R, C) rows x columns (default: the
+    cost model's choice).
     `mapping`: "wafer" (decode steps of GPT-2 and Llama: layers on grids, isa/compiler/wafer.py)
     or "chain" (the stage chain: encoders, several positions a run, small machines); default
     the wafer mapping where it applies and fits, else the stage chain. `sequences` = B: B

@@ -1,25 +1,30 @@
-"""The wafer-wide decode mapping: every layer on its own n x n grid, activations split over
+"""The wafer-wide decode mapping: every layer on its own R x C grid, activations split over
 the grid, products followed by line allreduces, the KV cache spread over the grid
 (docs/compiler.md, "The decode mapping").
 
     compile_decode(plan, machine, dtype, shape_only, base_dir, name) -> (Program, report)
 
-is one function of named passes: extract (the plan's layers), choose (the grid side n from
+is one function of named passes: extract (the plan's layers), choose (the grid (R, C) from
 the cost model), place (grids in bands, snaking), route (allreduce lines, hand-offs, buses),
 codegen (one region per grid, through the strategies of STRATEGIES), pack.
 
 Placement. Row 0 of the fabric holds the RoPE sources (one PE a grid column), column 0 the
-mask sources (one PE a grid row); grids sit on a lattice of n x n slots from (1, 1). Band b
-(rows 1 + b n ..) is filled east when b is even and west when odd: the embedding first, then
-layer 0, 1, ..., then the head. Two grids side by side in a band hand the residual over along
-their rows (n links at once, K = d / n wavelets each); at the end of a band, the next grid is
-right below, and the residual goes down the diagonal: PE (r, r) of the last grid sends row r's
-block down its column to row r of the grid below, which multicasts it along its row.
+mask sources (one PE a grid row); grids sit on a lattice of slots C columns wide from (1, 1),
+in bands of R rows. Band b (rows 1 + b R ..) is filled east when b is even and west when odd:
+the embedding first, then layer 0, 1, ..., then the head. Two grids side by side in a band
+hand the residual over along their rows (R links at once, K = ceil(d / R) wavelets each); at
+the end of a band, the next grid is right below, and the residual goes down "the diagonal":
+PE (r, r mod C) of the last grid sends row r's block down its column to row r of the grid
+below, whose PE there multicasts it along its row. R paths cross the C links between the two
+grids, so a grid taller than wide needs ceil(R / C) colors for them: rows r < C go on DIAG,
+rows C <= r < 2 C on READY (free when one sequence is in flight; taller grids are not
+placed: `levels`).
 
 Colors: 0-4 column allreduces, 5-9 row allreduces, 10-14 the KV heads' row segments, 15-16
 the hand-offs (alternating layer to layer), 17 the diagonal, 18 GPT-2's position embedding,
 19 the mask bus, 20 the RoPE bus, 21-22 the crossings between wafers (a system), 23 layer 0's
-ready wavelet to the embedding (several sequences).
+ready wavelet to the embedding (several sequences) or the diagonal's rows C .. 2 C - 1 (R >
+C).
 
 Sequences (sequences = B > 1): B KV caches a layer; every region loops over the B sequences
 with one loop body (_Emitter.loop), so that the layers' regions pipeline them (SEQ ..
@@ -30,7 +35,8 @@ Systems. On a machine of several wafers (machine.chips > 1, wafer c holding rows
 used (split_layers, balanced by the cost model); each wafer's items snake through its own
 rows from its own row 0 (RoPE sources) as above, the embedding on wafer 0 and the head on the
 last, and the residual crosses from the last grid of a wafer to the first of the next
-(cross_path, crossing_cycles).
+(cross_path, crossing_cycles); with R > C its rows C .. 2 C - 1 cross on the other CROSS
+color, which is free there when every wafer between two others has two bands or more.
 """
 
 from __future__ import annotations
@@ -44,7 +50,8 @@ import numpy as np
 from wse_emu.isa.builder import ProgramBuilder
 from wse_emu.isa.compiler import map_attention, map_elementwise, map_embedding, map_gemv, \
     map_head
-from wse_emu.isa.compiler.decoder import Decoder, Geometry, extract, geometry, grid_sides
+from wse_emu.isa.compiler.decoder import Decoder, Geometry, divisors, extract, geometry, \
+    grid_shapes
 from wse_emu.isa.compiler.emit import I32, Labels
 from wse_emu.isa.compiler.lines import LineKind, allreduce, cycles as line_cycles, routes, \
     setup_flags, setup_roles
@@ -81,9 +88,19 @@ COLORS_NEEDED = 21  # one wafer; a system of several needs the CROSS colors, seq
 SEQ, KOFF, VOFF = "r0", "r9", "r10"
 
 
-def cross_color(chip: int) -> int:
-    """The color of the crossing into wafer `chip` (from wafer chip - 1)."""
-    return CROSS[(chip - 1) % 2]
+def cross_color(chip: int, level: int = 0) -> int:
+    """The color of the crossing into wafer `chip` (from wafer chip - 1) of rows level C ..
+    (level + 1) C - 1."""
+    return CROSS[(chip - 1 + level) % 2]
+
+
+def levels(geo: Geometry) -> int:
+    """Colors a down hand-off (or a crossing) needs: R paths over C links."""
+    return -(-geo.R // geo.C)
+
+
+def diag_color(level: int) -> int:
+    return (DIAG, READY)[level]
 CODE_BYTES = 8 * 1024  # SRAM kept for a layer PE's code (measured: about 5-7 KB)
 
 
@@ -102,11 +119,12 @@ class Item:
     chip: int = 0  # the wafer it sits on
     row0: int = 0  # that wafer's first fabric row (its RoPE sources' row)
 
-    def x0(self, n: int) -> int:
-        return 1 + self.slot * n + (self.slots * n - self.width if self.west else 0)
+    def x0(self, geo: Geometry) -> int:
+        C = geo.C
+        return 1 + self.slot * C + (self.slots * C - self.width if self.west else 0)
 
-    def y0(self, n: int) -> int:
-        return self.row0 + 1 + self.band * n
+    def y0(self, geo: Geometry) -> int:
+        return self.row0 + 1 + self.band * geo.R
 
 
 @dataclass
@@ -173,37 +191,39 @@ def _layer_sram(geo: Geometry, dtype: str, biases: bool, seqs: int = 1) -> int:
 
 def _arrange(dec: Decoder, geo: Geometry, machine, dtype: str, exact: bool,
              costs: tuple | None = None, seqs: int = 1) -> Mapping | None:
-    """The placement of every grid for side n, or None when it does not fit. On a system of
+    """The placement of every grid of geometry geo, or None when it does not fit. On a system of
     several wafers (machine.chips > 1) the layers are split into contiguous groups, one a
     wafer and every wafer used, the embedding on wafer 0 and the head on the last; each
     wafer's items snake through its own rows (no grid straddles a wafer boundary). costs =
     (layer, embed, head, crossing) cycles balances the groups; None: layers as even as the
     wafers' room allows."""
-    n, K = geo.n, geo.K
+    R, C, K = geo.R, geo.C, geo.K
     wb = WEIGHT_BYTES[dtype]
+    if levels(geo) > 2 or (levels(geo) > 1 and seqs > 1):
+        return None  # no colors for the down hand-offs' paths (module docstring)
     embed_cols = []
     for _, ref, _ in dec.tables:
         m, vb = map_embedding.columns(ref.shape[0], K, wb, exact)
         if m == 0:
             return None
         embed_cols.append((m, vb))
-    head = map_head.columns(dec.vocab, K, wb, exact, at_least=n, seqs=seqs)
+    head = map_head.columns(dec.vocab, K, wb, exact, at_least=C, seqs=seqs)
     if head[0] == 0:
         return None
     ew = sum(m for m, _ in embed_cols)
     L, chips, H = len(dec.layers), machine.chips, machine.chip_height
-    per_band = (machine.width - 1) // n
+    per_band = (machine.width - 1) // C
 
     def items_of(c: int, first: int, count: int) -> list:
-        its = [Item("embed", -1, ew, -(-ew // n))] if c == 0 else []
-        its += [Item("layer", k, n, 1) for k in range(first, first + count)]
+        its = [Item("embed", -1, ew, -(-ew // C))] if c == 0 else []
+        its += [Item("layer", k, C, 1) for k in range(first, first + count)]
         if c == chips - 1:
-            its.append(Item("head", L, head[0], -(-head[0] // n)))
+            its.append(Item("head", L, head[0], -(-head[0] // C)))
         return its
 
     def bands_of(its: list) -> int | None:
         bands = _snake(its, per_band)
-        return bands if bands is not None and 1 + bands * n <= H else None
+        return bands if bands is not None and 1 + bands * R <= H else None
 
     if chips == 1:
         items = items_of(0, 0, L)
@@ -228,7 +248,10 @@ def _arrange(dec: Decoder, geo: Geometry, machine, dtype: str, exact: bool,
     items, first, most = [], 0, 0
     for c, g in enumerate(counts):
         its = items_of(c, first, g)
-        most = max(most, bands_of(its))
+        bands = bands_of(its)
+        if levels(geo) > 1 and 0 < c < chips - 1 and bands < 2:
+            return None  # a wafer crossed into and out of: its rows C .. 2 C - 1's colors
+        most = max(most, bands)
         for it in its:
             it.chip, it.row0 = c, c * H
         if c > 0:
@@ -274,21 +297,63 @@ def split_layers(layers: int, room: list, costs: tuple) -> list | None:
     return counts
 
 
-def choose(dec: Decoder, machine, dtype: str, exact: bool, grid: int | None = None,
+def parse_grid(grid) -> tuple[int, int] | None:
+    """The compile option grid: the side n of a square, "RxC" (or "n"), or (R, C)."""
+    if grid is None:
+        return None
+    if isinstance(grid, str):
+        parts = grid.lower().split("x")
+        if len(parts) in (1, 2) and all(q.strip().isdigit() for q in parts):
+            return int(parts[0]), int(parts[-1])
+        raise CompileError(f"grid must be a side n or RxC (rows x columns), got {grid!r}")
+    if isinstance(grid, int) and not isinstance(grid, bool):
+        return grid, grid
+    if isinstance(grid, tuple) and len(grid) == 2:
+        return int(grid[0]), int(grid[1])
+    raise CompileError(f"grid must be a side n or RxC (rows x columns), got {grid!r}")
+
+
+def candidates(dec: Decoder, machine) -> list[tuple[int, int]]:
+    """The grids choose prices: every unpadded square side first (grid_shapes), then the
+    rectangles whose rows fill a band count of the fabric's height (the most rows for it) or
+    divide the hidden size, and whose columns fill a slot count of its width or give whole
+    RoPE pairs without padding. Rows that would hold no residual element give way to the
+    fewest rows with the same block K (the same work on fewer PEs)."""
+    H, W = machine.chip_height - 1, machine.width - 1
+    half, kv, d = dec.head_dim // 2, dec.kv_heads, dec.hidden
+    rows = {H // b for b in range(1, H + 1)} | {r for r in divisors(d) if r <= H}
+    cols = {W // p // kv * kv for p in range(1, W + 1)}
+    cols |= {kv * t for t in divisors(half) if kv * t <= W}
+    rows = sorted({-(-d // -(-d // r)) for r in rows if 1 <= r <= min(d, dec.max_context)})
+    squares = grid_shapes(dec)
+    return squares + [g for g in grid_shapes(dec, rows, sorted(c for c in cols if c))
+                      if g not in squares]
+
+
+def choose(dec: Decoder, machine, dtype: str, exact: bool, grid=None,
            name: str = "the model", seqs: int = 1) -> Mapping:
-    """The fastest grid side whose layer (with seqs KV caches) fits a PE's SRAM and whose
-    grids fit the fabric (only `grid` when given); on a system, its layers split over the
-    wafers."""
+    """The fastest grid (R, C) whose layer (with seqs KV caches) fits a PE's SRAM and whose
+    grids fit the fabric (only `grid` when given: n, "RxC" or (R, C)); on a system, its
+    layers split over the wafers."""
     biases = dec.family == "gpt2"
     best = None
-    sides = grid_sides(dec)
-    if grid is not None:
-        if grid not in sides:
-            raise CompileError(f"grid {grid} does not suit the model's shapes (sides that do: "
-                               f"{', '.join(map(str, sides))})")
-        sides = [grid]
-    for n in sides:
-        geo = geometry(dec, n)
+    shapes = candidates(dec, machine)
+    want = parse_grid(grid)
+    if want is not None:
+        if not grid_shapes(dec, [want[0]], [want[1]]):
+            raise CompileError(
+                f"grid {grid} does not suit the model's shapes: the columns must be a multiple "
+                f"of the {dec.kv_heads} KV heads, at most {dec.kv_heads * dec.head_dim // 2}, "
+                f"and the rows between 1 and {dec.hidden}")
+        R, C = want
+        if R > 2 * C or (R > C and seqs > 1):
+            raise CompileError(
+                f"grid {grid}: a grid of more than {'twice ' if seqs == 1 else ''}as many rows "
+                f"as columns has no colors left for its hand-offs down a band"
+                + (" with several sequences" if seqs > 1 else ""))
+        shapes = [want]
+    for shape in shapes:
+        geo = geometry(dec, shape)
         need = _layer_sram(geo, dtype, biases, seqs)
         if need > machine.sram_bytes:
             continue
@@ -306,7 +371,7 @@ def choose(dec: Decoder, machine, dtype: str, exact: bool, grid: int | None = No
         if best is None or total < best[0]:
             best = (total, mp)
     if best is None:
-        raise CompileError(_refusal(dec, machine, dtype, exact, biases, sides, name, seqs))
+        raise CompileError(_refusal(dec, machine, dtype, exact, biases, shapes, name, seqs))
     return best[1]
 
 
@@ -316,12 +381,13 @@ def line_forms(dec: Decoder, geo: Geometry, machine, dtype: str) -> tuple:
     (lines.cycles; a dry run of the layer lists them)."""
     dry = _DryRun(geo, dtype, machine, bool(dec.rope_theta), dec.family == "gpt2")
     _layer_body(dry, dec.layers[0], receive=None, send=None)
-    side = geo.n - 1 - (geo.n - 1) // 2
     out = []
     for line in (dry.col, dry.row):
+        L = line.length
+        side = L - 1 - (L - 1) // 2
         calls = [(n, b) for key, n, b in dry.calls if key == line.colors]
         best = min(range(side + 1), key=lambda g: (
-            sum(line_cycles(machine, geo.n, n, b, group=g) for n, b in calls), g))
+            sum(line_cycles(machine, L, n, b, group=g) for n, b in calls), g))
         out.append(best)
     return tuple(out)
 
@@ -337,8 +403,8 @@ def split_costs(mp: Mapping, machine, dtype: str) -> tuple:
 def _refusal(dec, machine, dtype, exact, biases, sides, name, seqs: int = 1) -> str:
     """One line: why no grid fits; the wafers that would hold the model, or the largest
     max_context that would fit (with seqs KV caches a layer)."""
-    fitting = [n for n in sides
-               if _layer_sram(geometry(dec, n), dtype, biases, seqs) <= machine.sram_bytes]
+    fitting = [g for g in sides
+               if _layer_sram(geometry(dec, g), dtype, biases, seqs) <= machine.sram_bytes]
     caches = f" with {seqs} sequences' KV caches" if seqs > 1 else ""
     fit = _fitting_context(dec, machine, dtype, exact, biases, sides, seqs)
     if seqs > 1 and fit:  # the caches are what does not fit: a shorter context first
@@ -348,17 +414,24 @@ def _refusal(dec, machine, dtype, exact, biases, sides, name, seqs: int = 1) -> 
                 f"(--max-context {fit}), or fewer sequences")
     if fitting and machine.kind == "mesh" and machine.link_bandwidth > 0:
         chip = machine.chip
+        L = len(dec.layers)
+
+        def fewest(g):  # the wafers the layers' grids need at least (a wafer's lattice)
+            R, C = g
+            room = ((chip.height - 1) // R) * ((chip.width - 1) // C)
+            return -(-L // room) if room else MAX_CHIPS + 1
         for chips in range(machine.chips + 1, MAX_CHIPS + 1):
             system = system_of(chip, chips)
-            fits = [n for n in fitting
-                    if _arrange(dec, geometry(dec, n), system, dtype, exact,
-                                seqs=seqs) is not None]
+            fits = next((g for g in sorted(fitting, key=lambda g: g[0] * g[1])
+                         if fewest(g) <= chips
+                         and _arrange(dec, geometry(dec, g), system, dtype, exact,
+                                      seqs=seqs) is not None), None)
             if fits:
-                n = fits[0]
+                R, C = fits
                 weights = _layer_weights(dec) * WEIGHT_BYTES[dtype]
                 return (f"{name}{caches} needs {chips} wafers of {chip.name} (--machine "
-                        f"{chip.name}x{chips}): the model needs {len(dec.layers) * n * n} PEs "
-                        f"({len(dec.layers)} layers on {n} x {n} grids, {weights / 1e9:.1f} GB "
+                        f"{chip.name}x{chips}): the model needs {L * R * C} PEs "
+                        f"({L} layers on {R} x {C} grids, {weights / 1e9:.1f} GB "
                         f"of layer weights; embedding and head more) but machine "
                         f"'{machine.name}' is {machine.width} x {machine.height} "
                         f"({machine.pes} PEs); it would fit {chips} such wafers, its layers "
@@ -372,13 +445,13 @@ def _refusal(dec, machine, dtype, exact, biases, sides, name, seqs: int = 1) -> 
         return (f"no grid of the model's layers{caches} fits a PE's {machine.sram_bytes} bytes "
                 f"on machine '{machine.name}' at any context (use 16-bit weights"
                 + (", fewer sequences" if seqs > 1 else "") + " or a machine with more SRAM a PE)")
-    n = fitting[0]
-    pes = len(dec.layers) * n * n
+    R, C = fitting[0]
+    pes = len(dec.layers) * R * C
     have = machine.width * machine.height
     if machine.chips > 1 and len(dec.layers) < machine.chips:
         return (f"{name} has {len(dec.layers)} layers, fewer than the {machine.chips} wafers of "
                 f"machine '{machine.name}' (the split puts at least one layer on every wafer)")
-    return (f"{name} needs {pes} PEs ({len(dec.layers)} layers on {n} x {n} grids, "
+    return (f"{name} needs {pes} PEs ({len(dec.layers)} layers on {R} x {C} grids, "
             f"{_layer_weights(dec) * WEIGHT_BYTES[dtype] / 1e9:.2f} GB of layer weights; "
             f"embedding and head more) but machine '{machine.name}' is {machine.width} x "
             f"{machine.height} ({have} PEs) and has no links to join more of it")
@@ -388,17 +461,17 @@ def _fitting_context(dec, machine, dtype, exact, biases, sides, seqs: int) -> in
     """The largest max_context whose layer (seqs KV caches) fits SRAM and whose grids fit
     the fabric; 0 when none."""
     fit = 0
-    for n in sides:
+    for g in sides:
         lo, hi = 0, dec.max_context
         while lo < hi:  # the largest context whose layer fits SRAM
             mid = (lo + hi + 1) // 2
-            if _layer_sram(geometry(dec, n, mid), dtype, biases, seqs) <= machine.sram_bytes:
+            if _layer_sram(geometry(dec, g, mid), dtype, biases, seqs) <= machine.sram_bytes:
                 lo = mid
             else:
                 hi = mid - 1
-        if lo and _arrange(dec, geometry(dec, n, lo), machine, dtype, exact,
-                           seqs=seqs) is not None:
-            fit = max(fit, lo)
+        if lo > fit and _arrange(dec, geometry(dec, g, lo), machine, dtype, exact,
+                                 seqs=seqs) is not None:
+            fit = lo
     return fit
 
 
@@ -431,45 +504,48 @@ def predict(mp: Mapping, machine, dtype: str) -> dict:
         out["embed"] += dry.cost.scalar(LOOP_SCALARS) + dry.cost.op("move", 1)
     for k, it in enumerate(mp.items):
         if it.kind == "layer":
-            hand = dry.cost.send(geo.K, geo.n) + dry.cost.scalar(6)
+            hand = dry.cost.send(geo.K, geo.C) + dry.cost.scalar(6)
             if it.handoff_in == "diag":
-                hand += dry.cost.send(geo.K, 2 * geo.n)
+                hand += dry.cost.send(geo.K, geo.R + geo.C)
             if it.handoff_in == "cross":  # the travel is the crossing's; the spread here
                 hand += dry.cost.scalar(6) + dry.cost.op("move", geo.K)
                 out[f"crossing {it.chip - 1}-{it.chip}"] = crossing_cycles(
                     mp.items[k - 1], it, geo, machine)
+            if it.handoff_in in ("diag", "cross") and levels(geo) > 1:
+                hand += dry.cost.scalar(LEVEL_SCALARS)  # the entry PE's row mod C, level
             out[f"layer {it.index}"] = body + hand
     hd = _DryRun(geo, dtype, machine, False, False, mp.line_groups)
     map_elementwise.norm(hd, dec.final_norm, 0, 0, {p: 0 for p in dec.final_norm.params})
     m, vb = mp.head_cols
     hd.charge("lm head", hd.cost.mat(vb, geo.K, 1, dtype, "f32"))
-    hd.charge("lm head reduce", line_cycles(machine, geo.n, vb, broadcast=False,
+    hd.charge("lm head reduce", line_cycles(machine, geo.R, vb, broadcast=False,
                                             group=mp.line_groups[0]))
-    out["head"] = hd.total() + dry.cost.send(geo.K, geo.n)
+    out["head"] = hd.total() + dry.cost.send(geo.K, geo.C)
     if mp.seqs > 1:  # the loop, and the logits block copied to its sequence's row
         out["head"] += dry.cost.scalar(LOOP_SCALARS + 1) + dry.cost.op("move", vb)
     return out
 
 
 LOOP_SCALARS = 5  # a sequence loop's own scalar ops an iteration (_Emitter.loop)
+LEVEL_SCALARS = 4  # a down hand-off's entry test and level branch with R > C (_Emitter)
 
 
 def crossing_cycles(prev: Item, it: Item, geo: Geometry, machine) -> int:
     """The residual from the last layer of one wafer to the first of the next (cross_path):
     row q's block (K wavelets) goes down from the last grid, across the wafers' boundary, and
-    along row q of the next grid to its entry PE; the n blocks share the link between the
+    along row q of the next grid to its entry PE; the R blocks share the link between the
     wafers (link_bytes_per_cycle each way) and pay its latency once. Cycles from the senders'
     op start to the last block's tail at its entry PE (the spread along the row is the
     layer's hand-off, as after a diagonal)."""
-    n, K = geo.n, geo.K
-    py, y0 = prev.y0(n), it.y0(n)
+    R, K = geo.R, geo.K
+    py, y0 = prev.y0(geo), it.y0(geo)
     hops = 0
-    for q in range(n):
-        X, T = cross_path(prev, it, n, q)
+    for q in range(R):
+        X, T = cross_path(prev, it, geo, q)
         hops = max(hops, (y0 - py) + abs(T - X))
     bpc = machine.link_bytes_per_cycle
-    # the link passes n * K wavelets at bpc bytes a cycle; one block alone streams K
-    link = max(K, math.ceil(n * K * machine.wavelet_bytes / bpc)) if bpc > 0 else K
+    # the link passes R * K wavelets at bpc bytes a cycle; one block alone streams K
+    link = max(K, math.ceil(R * K * machine.wavelet_bytes / bpc)) if bpc > 0 else K
     return (machine.issue_overhead + 1 + 2 * machine.ramp_latency + hops * machine.hop_latency
             + link + machine.link_latency)
 
@@ -488,7 +564,7 @@ class _Ctx:
         self.geo, self.dtype, self.machine = geo, dtype, machine
         self.cost = Cost(machine)
         self.rope, self.biases = rope, biases
-        self.col, self.row = line_kinds(geo.n, groups)
+        self.col, self.row = line_kinds(geo, groups)
         self.calls: list = []  # (line colors, n, broadcast) of every allreduce, in order
         self.seg = LineKind("row", geo.s, SEG, "r12")
         self.colors = {"mask": MASK, "rope": ROPE}
@@ -514,13 +590,15 @@ class _Ctx:
         return CompileError(msg)
 
 
-def line_kinds(n: int, groups: tuple) -> tuple:
-    """The column and row lines of an n x n grid: the chain form with precomputed flags
-    (column) or compares (row), or the two-phase form with a role register."""
+def line_kinds(geo: Geometry, groups: tuple) -> tuple:
+    """The column (R PEs) and row (C PEs) lines of an R x C grid: the chain form with
+    precomputed flags (column) or compares (row), or the two-phase form with a role
+    register."""
     gc, gr = groups
-    col = (LineKind("column", n, COL, "r14", group=gc, role_reg="r7") if gc else
-           LineKind("column", n, COL, "r14", ("r3", "r4", "r5", "r6")))
-    row = LineKind("row", n, ROW, "r13", group=gr, role_reg="r8" if gr else "")
+    R, C = geo.R, geo.C
+    col = (LineKind("column", R, COL, "r14", group=gc, role_reg="r7") if gc else
+           LineKind("column", R, COL, "r14", ("r3", "r4", "r5", "r6")))
+    row = LineKind("row", C, ROW, "r13", group=gr, role_reg="r8" if gr else "")
     return col, row
 
 
@@ -578,8 +656,8 @@ class _Emitter:
         self.pb, self.mp, self.machine = pb, mp, machine
         self.dtype, self.shape_only, self.weights = dtype, shape_only, weights
         self.geo = mp.geo
-        self.n = mp.geo.n
         self.declared: set = set()
+        self.padded: dict = {}  # zero-padded weight copies (map_gemv.padded), once a program
         self.stages: list = []  # region metadata, in region order
         self.seqs = mp.seqs
         pb.tensor("default_position_ids", np.zeros(self.seqs, dtype=np.int32))
@@ -593,7 +671,7 @@ class _Emitter:
         c = _Ctx(self.geo, self.dtype, self.machine, bool(self.mp.dec.rope_theta),
                  self.mp.dec.family == "gpt2", self.mp.line_groups)
         c.rb, c.shape_only, c.weights = rb, self.shape_only, self.weights
-        c.graph, c.declared = self.mp.dec.plan.graph, self.declared
+        c.graph, c.declared, c.padded = self.mp.dec.plan.graph, self.declared, self.padded
         c.seqs = self.seqs
         c.cache_regs = (KOFF, VOFF) if self.seqs > 1 else None
         return c
@@ -616,18 +694,18 @@ class _Emitter:
         rb.blt(SEQ, "r1", top)
 
     def position_regs(self, rb, it, flags: bool = True) -> None:
-        n = self.n
-        rb.li("r1", it.x0(n))
+        geo = self.geo
+        rb.li("r1", it.x0(geo))
         rb.sub("r13", "GX", "r1")
-        rb.li("r1", it.y0(n))
+        rb.li("r1", it.y0(geo))
         rb.sub("r14", "GY", "r1")
-        rb.li("r1", self.geo.s)
+        rb.li("r1", geo.s)
         rb.rem("r12", "r13", "r1")
-        col, row = line_kinds(n, self.mp.line_groups)
-        w = n if it.kind == "layer" else self.mp.head_cols[0]
+        col, row = line_kinds(geo, self.mp.line_groups)
+        w = geo.C if it.kind == "layer" else self.mp.head_cols[0]
         setup_roles(rb, col, lambda q: (0, q, w, 1))  # two-phase lines: each PE's role
         if flags:
-            setup_roles(rb, row, lambda q: (q, 0, 1, n))
+            setup_roles(rb, row, lambda q: (q, 0, 1, geo.R))
             if not col.group:  # the chain form's column allreduces dispatch on flags
                 setup_flags(rb, col)
 
@@ -635,7 +713,8 @@ class _Emitter:
 
     def receiver(self, ctx, it, k: int):
         """The code that fills x (K elements) at the start of item k."""
-        rb, K, n = ctx.rb, self.geo.K, self.n
+        rb, geo = ctx.rb, self.geo
+        K = geo.K
         x = ctx.bufs["x"]
         color = HANDOFF[it.index % 2]  # layer l (and the head, l = layers) receives on it
 
@@ -647,12 +726,20 @@ class _Emitter:
         def emit():
             if it.handoff_in in ("diag", "cross"):  # the entry PE of each row spreads it
                 prev = self.mp.items[k - 1]
-                off = prev.x0(n) - it.x0(n) if it.handoff_in == "diag" else 0
+                off = prev.x0(geo) - it.x0(geo) if it.handoff_in == "diag" else 0
                 other, done = ctx.labels("not_diag"), ctx.labels("received")
-                rb.sub("r1", "r13", "r14")
-                rb.li("r2", off)
-                rb.bne("r1", "r2", other)
-                recv(x, DIAG if it.handoff_in == "diag" else cross_color(it.chip))
+                if levels(geo) == 1:  # the entry PE of row r is (r, r + off)
+                    rb.sub("r1", "r13", "r14")
+                    rb.li("r2", off)
+                    rb.bne("r1", "r2", other)
+                else:  # (r, r mod C + off)
+                    rb.li("r1", geo.C)
+                    rb.rem("r2", "r14", "r1")
+                    rb.sub("r1", "r13", "r2")
+                    rb.li("r2", off)
+                    rb.bne("r1", "r2", other)
+                self.by_level(ctx, lambda lv: recv(x, diag_color(lv) if it.handoff_in == "diag"
+                                                   else cross_color(it.chip, lv)))
                 rb.dmem("d1", "f32", x, K)
                 rb.dfout("d2", "f32", color, K)
                 rb.vmov("d2", "d1")
@@ -684,38 +771,65 @@ class _Emitter:
         rb.vmov("d2", "d1")
         rb.label(skip)
 
+    def by_level(self, ctx, body) -> None:
+        """body(level) for this PE's row r: level r // C (0 or 1; just body(0) when R <= C)."""
+        rb, geo = ctx.rb, self.geo
+        if levels(geo) == 1:
+            body(0)
+            return
+        upper, done = ctx.labels("level1"), ctx.labels("levels_done")
+        rb.li("r1", geo.C)
+        rb.bge("r14", "r1", upper)
+        body(0)
+        rb.jmp(done)
+        rb.label(upper)
+        body(1)
+        rb.label(done)
+
     def sender(self, ctx, it, k: int):
-        rb, K, n = ctx.rb, self.geo.K, self.n
+        rb, geo = ctx.rb, self.geo
+        K, C = geo.K, geo.C
         nxt = self.mp.items[k + 1]
         x = ctx.bufs["x"]
 
-        def emit():
-            skip = ctx.labels("no_send")
-            if nxt.handoff_in == "cross" and nxt.x0(n) > it.x0(n):  # the anti-diagonal
-                rb.add("r1", "r13", "r14")
-                rb.li("r2", n - 1)
-                rb.bne("r1", "r2", skip)
-                color = cross_color(nxt.chip)
-            elif nxt.handoff_in in ("diag", "cross"):
-                rb.bne("r13", "r14", skip)
-                color = DIAG if nxt.handoff_in == "diag" else cross_color(nxt.chip)
-            else:
-                edge = n - 1 if nxt.handoff_in == "east" else 0
-                rb.li("r1", edge)
-                rb.bne("r13", "r1", skip)
-                color = HANDOFF[(it.index + 1) % 2]
+        def send(color):
             rb.dmem("d1", "f32", x, K)
             rb.dfout("d2", "f32", color, K)
             rb.vmov("d2", "d1")
+
+        def row_mod():  # r2 = this row mod C (the row itself when R <= C)
+            if levels(geo) == 1:
+                return "r14"
+            rb.li("r1", C)
+            rb.rem("r2", "r14", "r1")
+            return "r2"
+
+        def emit():
+            skip = ctx.labels("no_send")
+            if nxt.handoff_in == "cross" and nxt.x0(geo) > it.x0(geo):  # the anti-diagonal
+                rb.add("r1", "r13", row_mod())
+                rb.li("r2", C - 1)
+                rb.bne("r1", "r2", skip)
+                self.by_level(ctx, lambda lv: send(cross_color(nxt.chip, lv)))
+            elif nxt.handoff_in in ("diag", "cross"):
+                rb.bne("r13", row_mod(), skip)
+                self.by_level(ctx, lambda lv: send(diag_color(lv) if nxt.handoff_in == "diag"
+                                                   else cross_color(nxt.chip, lv)))
+            else:
+                edge = C - 1 if nxt.handoff_in == "east" else 0
+                rb.li("r1", edge)
+                rb.bne("r13", "r1", skip)
+                send(HANDOFF[(it.index + 1) % 2])
             rb.label(skip)
         return emit
 
     # -- grids -------------------------------------------------------------------------------
 
     def layer(self, it, k: int) -> None:
-        geo, n, dtype = self.geo, self.n, self.dtype
+        geo, dtype = self.geo, self.dtype
         layer = self.mp.dec.layers[it.index]
-        rb = self.region("layer", f"layers.{it.index}", it.index, it.x0(n), it.y0(n), n, n)
+        rb = self.region("layer", f"layers.{it.index}", it.index, it.x0(geo), it.y0(geo), geo.C,
+                         geo.R)
         ctx = self.ctx(rb)
         wb = WEIGHT_BYTES[dtype]
         K = geo.K
@@ -745,21 +859,21 @@ class _Emitter:
         rb.halt()
 
     def head(self, it, k: int) -> None:
-        geo, n, dtype = self.geo, self.n, self.dtype
+        geo, dtype = self.geo, self.dtype
         dec = self.mp.dec
         m, vb = self.mp.head_cols
-        rb = self.region("head", "head", len(dec.layers), it.x0(n), it.y0(n), m, n)
+        rb = self.region("head", "head", len(dec.layers), it.x0(geo), it.y0(geo), m, geo.R)
         ctx = self.ctx(rb)
         K, b = geo.K, ctx.bufs
         for name, nbytes in (("x", K * 4), ("xn", K * 4), ("y", K * 4), ("scalar", 8),
                              ("logits", vb * 4), ("w", vb * K * WEIGHT_BYTES[dtype])):
             b[name] = rb.alloc(name, nbytes)
         params: dict = {}
-        map_elementwise.load_norm(ctx, rb, dec.final_norm, params)
+        map_elementwise.load_norm(ctx, rb, dec.final_norm, params, width=m)
         map_head.load(ctx, rb, dec.head.ref, b["w"], vb, K, m)
-        ctx.col = line_kinds(n, self.mp.line_groups)[0]
+        ctx.col = line_kinds(geo, self.mp.line_groups)[0]
         if not ctx.col.group:
-            ctx.col = LineKind("column", n, COL, "r14")  # (no flags set up in the head)
+            ctx.col = LineKind("column", geo.R, COL, "r14")  # (no flags set up in the head)
         self.position_regs(rb, it, flags=False)
         out = b["logits"]
         if self.seqs > 1:  # a row of vb logits a sequence, copied after the step's reduce
@@ -784,17 +898,17 @@ class _Emitter:
         rb.halt()
 
     def embed(self, it) -> None:
-        n = self.n
-        x = it.x0(n)
+        geo = self.geo
+        x = it.x0(geo)
         for t, ((wname, ref, index), (m, vb)) in enumerate(zip(self.mp.dec.tables,
                                                                  self.mp.embed_cols)):
             color = HANDOFF[0] if t == 0 else WPE
             rb_name = f"embed.{wname}"
             sid = len(self.stages)
             self.stages.append(dict(name=rb_name, kind="embed", layer=-1,
-                                    rect=(x, it.y0(n), m, n)))
+                                    rect=(x, it.y0(geo), m, geo.R)))
             ctx = self.ctx(None)
-            map_embedding.emit(ctx, self.pb, f"s{sid}.{rb_name}", ref, index, x, it.y0(n), m,
+            map_embedding.emit(ctx, self.pb, f"s{sid}.{rb_name}", ref, index, x, it.y0(geo), m,
                                vb, self.geo.K, color, "default_position_ids", self.seqs,
                                READY)
             x += m
@@ -802,7 +916,7 @@ class _Emitter:
     def sources(self) -> None:
         """The mask sources (column 0 beside every band with layers) and the RoPE sources
         (each wafer's row 0 above every lattice slot with layers there)."""
-        n = self.n
+        R, C = self.geo.R, self.geo.C
         layers = [it for it in self.mp.items if it.kind == "layer"]
         ctx = self.ctx(None)
         several = self.machine.chips > 1
@@ -811,8 +925,8 @@ class _Emitter:
             return f"{kind}.{chip}.{k}" if several else f"{kind}.{k}"
         for chip, row0, band in sorted({(it.chip, it.row0, it.band) for it in layers}):
             sid = len(self.stages)
-            name, y0 = label("mask", chip, band), row0 + 1 + band * n
-            self.stages.append(dict(name=name, kind="source", layer=-1, rect=(0, y0, 1, n)))
+            name, y0 = label("mask", chip, band), row0 + 1 + band * R
+            self.stages.append(dict(name=name, kind="source", layer=-1, rect=(0, y0, 1, R)))
             map_attention.mask_source(ctx, self.pb, f"s{sid}.{name}", y0, self.geo, MASK,
                                       "default_position_ids", self.seqs)
         if self.mp.dec.rope_theta:
@@ -820,8 +934,8 @@ class _Emitter:
                 sid = len(self.stages)
                 name = label("rope", chip, slot)
                 self.stages.append(dict(name=name, kind="source", layer=-1,
-                                        rect=(1 + slot * n, row0, n, 1)))
-                map_attention.rope_source(ctx, self.pb, f"s{sid}.{name}", 1 + slot * n,
+                                        rect=(1 + slot * C, row0, C, 1)))
+                map_attention.rope_source(ctx, self.pb, f"s{sid}.{name}", 1 + slot * C,
                                           self.geo, self.mp.dec.rope_theta, ROPE,
                                           "default_position_ids", y0=row0, seqs=self.seqs)
 
@@ -831,7 +945,8 @@ class _Emitter:
 
 def route(pb, mp: Mapping) -> int:
     """Every route rule of the mapping (module docstring); returns their count."""
-    n, geo = mp.geo.n, mp.geo
+    geo = mp.geo
+    R, C = geo.R, geo.C
     count = 0
 
     def add(x, y, w, h, color, rx, tx):  # empty rectangles (no PE between two grids) skipped
@@ -839,109 +954,111 @@ def route(pb, mp: Mapping) -> int:
         if w > 0 and h > 0:
             count += 1
             pb.route(x, y, w, h, color, rx, tx)
-    col, row = line_kinds(n, mp.line_groups)
+    col, row = line_kinds(geo, mp.line_groups)
     seg = LineKind("row", geo.s, SEG, "r12")
     items = mp.items
     for k, it in enumerate(items):
-        x0, y0 = it.x0(n), it.y0(n)
+        x0, y0 = it.x0(geo), it.y0(geo)
         if it.kind == "layer":
-            routes(add, col, x0, y0, n, n)
-            routes(add, row, x0, y0, n, n)
-            routes(add, seg, x0, y0, n, n)
+            routes(add, col, x0, y0, C, R)
+            routes(add, row, x0, y0, C, R)
+            routes(add, seg, x0, y0, C, R)
         elif it.kind == "head":
-            routes(add, col, x0, y0, mp.head_cols[0], n, broadcast=True)
+            routes(add, col, x0, y0, mp.head_cols[0], R, broadcast=True)
         if it.kind == "embed":
             continue
         # the hand-off into this item
-        w = n if it.kind == "layer" else mp.head_cols[0]
+        w = C if it.kind == "layer" else mp.head_cols[0]
         color = HANDOFF[it.index % 2]
         prev = items[k - 1]
         if it.handoff_in == "bus":
-            ex = prev.x0(n)
+            ex = prev.x0(geo)
             for t, (m, _) in enumerate(mp.embed_cols):
                 c = HANDOFF[0] if t == 0 else WPE
-                add(ex, y0, 1, n, c, "RAMP", "E")
-                add(ex + 1, y0, m - 1, n, c, "W|RAMP", "E")
+                add(ex, y0, 1, R, c, "RAMP", "E")
+                add(ex + 1, y0, m - 1, R, c, "W|RAMP", "E")
                 after = ex + m
-                add(after, y0, x0 - after, n, c, "W", "E")  # through the later tables
-                add(x0, y0, w - 1, n, c, "W", "E|RAMP")
-                add(x0 + w - 1, y0, 1, n, c, "W", "RAMP")
+                add(after, y0, x0 - after, R, c, "W", "E")  # through the later tables
+                add(x0, y0, w - 1, R, c, "W", "E|RAMP")
+                add(x0 + w - 1, y0, 1, R, c, "W", "RAMP")
                 ex = after
         elif it.handoff_in == "east":
-            add(x0 - 1, y0, 1, n, color, "RAMP", "E")
-            add(x0, y0, w - 1, n, color, "W", "E|RAMP")
-            add(x0 + w - 1, y0, 1, n, color, "W", "RAMP")
+            add(x0 - 1, y0, 1, R, color, "RAMP", "E")
+            add(x0, y0, w - 1, R, color, "W", "E|RAMP")
+            add(x0 + w - 1, y0, 1, R, color, "W", "RAMP")
         elif it.handoff_in == "west":
-            add(x0 + w, y0, 1, n, color, "RAMP", "W")
-            add(x0 + 1, y0, w - 1, n, color, "E", "W|RAMP")
-            add(x0, y0, 1, n, color, "E", "RAMP")
+            add(x0 + w, y0, 1, R, color, "RAMP", "W")
+            add(x0 + 1, y0, w - 1, R, color, "E", "W|RAMP")
+            add(x0, y0, 1, R, color, "E", "RAMP")
         elif it.handoff_in == "cross":
-            _cross_routes(add, prev, it, n, w, color)
-        else:  # diag: PE (r, r) of the grid above sends down to row r, which spreads it
-            px, py = prev.x0(n), prev.y0(n)
-            for q in range(n):
-                x = px + q
-                add(x, py + q, 1, 1, DIAG, "RAMP", "S")
-                add(x, py + q + 1, 1, y0 + q - py - q - 1, DIAG, "N", "S")
-                add(x, y0 + q, 1, 1, DIAG, "N", "RAMP")
+            _cross_routes(add, prev, it, geo, w, color)
+        else:  # diag: PE (r, r mod C) of the grid above sends down to row r, which spreads it
+            px, py = prev.x0(geo), prev.y0(geo)
+            for q in range(R):
+                x, c = px + q % C, diag_color(q // C)
+                add(x, py + q, 1, 1, c, "RAMP", "S")
+                add(x, py + q + 1, 1, y0 + q - py - q - 1, c, "N", "S")
+                add(x, y0 + q, 1, 1, c, "N", "RAMP")
                 _spread(add, x, y0 + q, x0, w, color)
     if mp.seqs > 1:  # layer 0's ready wavelet west to every PE of the embedding's rows
         first = next(k for k, it in enumerate(items) if it.kind == "layer")
-        ex, x0, y0 = items[first - 1].x0(n), items[first].x0(n), items[first].y0(n)
+        ex, x0, y0 = items[first - 1].x0(geo), items[first].x0(geo), items[first].y0(geo)
         ew = sum(m for m, _ in mp.embed_cols)
-        add(x0, y0, 1, n, READY, "RAMP", "W")
-        add(ex + ew, y0, x0 - ex - ew, n, READY, "E", "W")  # between the tables and layer 0
-        add(ex + 1, y0, ew - 1, n, READY, "E", "W|RAMP")
-        add(ex, y0, 1, n, READY, "E", "RAMP")
+        add(x0, y0, 1, R, READY, "RAMP", "W")
+        add(ex + ew, y0, x0 - ex - ew, R, READY, "E", "W")  # between the tables and layer 0
+        add(ex + 1, y0, ew - 1, R, READY, "E", "W|RAMP")
+        add(ex, y0, 1, R, READY, "E", "RAMP")
     # the mask bus: along every row of a band, from column 0 through its layer grids
     layers = [it for it in items if it.kind == "layer"]
     for row0, band in sorted({(it.row0, it.band) for it in layers}):
-        y0 = row0 + 1 + band * n
-        xs = sorted(it.x0(n) for it in layers if (it.row0, it.band) == (row0, band))
-        last = xs[-1] + n - 1
-        add(0, y0, 1, n, MASK, "RAMP", "E")
+        y0 = row0 + 1 + band * R
+        xs = sorted(it.x0(geo) for it in layers if (it.row0, it.band) == (row0, band))
+        last = xs[-1] + C - 1
+        add(0, y0, 1, R, MASK, "RAMP", "E")
         x = 1
         for gx in xs:
-            add(x, y0, gx - x, n, MASK, "W", "E")
-            stop = n if gx + n - 1 < last else n - 1
-            add(gx, y0, stop, n, MASK, "W", "E|RAMP")
+            add(x, y0, gx - x, R, MASK, "W", "E")
+            stop = C if gx + C - 1 < last else C - 1
+            add(gx, y0, stop, R, MASK, "W", "E|RAMP")
             x = gx + stop
-        add(last, y0, 1, n, MASK, "W", "RAMP")
+        add(last, y0, 1, R, MASK, "W", "RAMP")
     if mp.dec.rope_theta:  # the RoPE bus: down every column of a slot from its wafer's row 0
         for row0, slot in sorted({(it.row0, it.slot) for it in layers}):
-            x0 = 1 + slot * n
-            ys = sorted(it.y0(n) for it in layers if (it.row0, it.slot) == (row0, slot))
-            last = ys[-1] + n - 1
-            add(x0, row0, n, 1, ROPE, "RAMP", "S")
+            x0 = 1 + slot * C
+            ys = sorted(it.y0(geo) for it in layers if (it.row0, it.slot) == (row0, slot))
+            last = ys[-1] + R - 1
+            add(x0, row0, C, 1, ROPE, "RAMP", "S")
             y = row0 + 1
             for gy in ys:
-                add(x0, y, n, gy - y, ROPE, "N", "S")
-                stop = n if gy + n - 1 < last else n - 1
-                add(x0, gy, n, stop, ROPE, "N", "S|RAMP")
+                add(x0, y, C, gy - y, ROPE, "N", "S")
+                stop = R if gy + R - 1 < last else R - 1
+                add(x0, gy, C, stop, ROPE, "N", "S|RAMP")
                 y = gy + stop
-            add(x0, last, n, 1, ROPE, "N", "RAMP")
+            add(x0, last, C, 1, ROPE, "N", "RAMP")
     return count
 
 
-def cross_path(prev: Item, it: Item, n: int, q: int) -> tuple[int, int]:
+def cross_path(prev: Item, it: Item, geo: Geometry, q: int) -> tuple[int, int]:
     """(column of the sender in the last grid's row q, column of row q's entry PE in the next
-    grid) of a crossing. The n paths go down, then along a row, and never meet on their
-    color: beside each other (same slot) PE (q, q) sends straight down; to a grid further
-    east the anti-diagonal sends (the later rows' columns lie west of the earlier rows'
-    turns); to one further west the diagonal. The entry PE is always the new grid's (q, q)."""
-    px, x0 = prev.x0(n), it.x0(n)
-    return (px + n - 1 - q if x0 > px else px + q), x0 + q
+    grid) of a crossing. The R paths go down, then along a row, and never meet on their
+    color (rows q and q + C cross on the two colors, `levels`): beside each other (same slot)
+    PE (q, q mod C) sends straight down; to a grid further east the anti-diagonal sends (the
+    later rows' columns lie west of the earlier rows' turns); to one further west the
+    diagonal. The entry PE is always the new grid's (q, q mod C)."""
+    px, x0, C = prev.x0(geo), it.x0(geo), geo.C
+    j = q % C
+    return (px + C - 1 - j if x0 > px else px + j), x0 + j
 
 
-def _cross_routes(add, prev: Item, it: Item, n: int, w: int, color: int) -> None:
+def _cross_routes(add, prev: Item, it: Item, geo: Geometry, w: int, color: int) -> None:
     """The crossing into `it` from the last grid of the wafer before (crossing_cycles): row q's
     block goes down from the last grid, across the wafers' boundary, to row q of `it`, along
-    that row to its entry PE (q, q), which spreads it along the row on the hand-off color
-    (as a diagonal hand-off does)."""
-    cc = cross_color(it.chip)
-    py, x0, y0 = prev.y0(n), it.x0(n), it.y0(n)
-    for q in range(n):
-        X, T = cross_path(prev, it, n, q)
+    that row to its entry PE (q, q mod C), which spreads it along the row on the hand-off
+    color (as a diagonal hand-off does)."""
+    py, x0, y0 = prev.y0(geo), it.x0(geo), it.y0(geo)
+    for q in range(geo.R):
+        cc = cross_color(it.chip, q // geo.C)
+        X, T = cross_path(prev, it, geo, q)
         Y = y0 + q
         add(X, py + q, 1, 1, cc, "RAMP", "S")
         add(X, py + q + 1, 1, Y - py - q - 1, cc, "N", "S")
@@ -976,7 +1093,7 @@ def _spread(add, x: int, y: int, x0: int, w: int, color: int) -> None:
 # the pipeline
 
 def compile_decode(plan: Plan, machine, dtype: str, shape_only: bool, base_dir, name: str,
-                   dump=(), out=None, grid: int | None = None, sequences: int = 1):
+                   dump=(), out=None, grid=None, sequences: int = 1):
     """The decode mapping of a one-position decoder plan: (Program, CompileReport). With
     sequences = B > 1, B independent sequences: B KV caches a layer and B tokens a step
     (input_ids and position_ids of B values, logits B x vocab), every region looping over
@@ -990,7 +1107,7 @@ def compile_decode(plan: Plan, machine, dtype: str, shape_only: bool, base_dir, 
     if machine.colors < need:
         from wse_emu.isa.compiler.decoder import NotADecoder
         raise NotADecoder(f"machine has {machine.colors} colors, the mapping needs {need}")
-    # choose: the grid side n with the lowest predicted cycles that fits SRAM and fabric (on
+    # choose: the grid (R, C) with the lowest predicted cycles that fits SRAM and fabric (on
     # a system: and the layers' split over its wafers)
     label = "the model" if name.endswith(".json") else name
     mp = choose(dec, machine, dtype, exact=not shape_only, grid=grid, name=label,
@@ -1041,7 +1158,7 @@ def _pack(pb, mp: Mapping, stages: list, machine, dtype: str, name: str, shape_o
     pb.meta("compiler", {"family": dec.family, "machine": machine.name, "dtype": dtype,
                          "max_context": dec.max_context, "vocab": dec.vocab,
                          "hidden": dec.hidden, "layers": len(dec.layers),
-                         "mapping": "wafer", "grid": mp.geo.n, "sequences": mp.seqs,
+                         "mapping": "wafer", "grid": mp.geo.label, "sequences": mp.seqs,
                          "predicted_cycles": mp.predicted, "wafers": wafers,
                          "stages": [dict(s, rect=list(s["rect"])) for s in stages]})
     try:
@@ -1074,15 +1191,18 @@ def _pack(pb, mp: Mapping, stages: list, machine, dtype: str, name: str, shape_o
         fabric=(box.w, box.h), pes=pes, sram_max=max(sram),
         sram_mean=sum(b * r.rect.size for b, r in zip(sram, program.regions)) / pes,
         colors=program.colors_used(), stages=stages, predicted=dict(mp.predicted),
-        grid=mp.geo.n, wafers=wafers, sequences=mp.seqs,
+        grid=mp.geo.label, wafers=wafers, sequences=mp.seqs,
         step_cycles=pipelined_cycles(mp.predicted, mp.seqs))
     return program, report
 
 
 def format_mapping(mp: Mapping, stages: list) -> str:
     g = mp.geo
-    lines = [f"grid {g.n} x {g.n} a layer (K = {g.K}, {g.s} columns a KV head, {g.D} head dims "
-             f"a column, {g.S} cache slots a PE), {mp.bands} bands of {g.n} rows"]
+    pad = ", ".join(f"{what} {a} to {b}" for what, a, b in (
+        ("d", g.d, g.dp), ("f", g.f, g.fp), ("head dims", g.hd, g.hdp)) if a != b)
+    pad = f"; padded: {pad}" if pad else ""
+    lines = [f"grid {g.R} x {g.C} a layer (K = {g.K}, {g.s} columns a KV head, {g.D} head dims "
+             f"a column, {g.S} cache slots a PE{pad}), {mp.bands} bands of {g.R} rows"]
     hand = {(it.kind, it.index): it.handoff_in for it in mp.items}
     for k, s in enumerate(stages):
         x, y, w, h = s["rect"]

@@ -200,7 +200,7 @@ def test_shape_only_refusals_say_what_would_fit(root):
     assert result.returncode == 0, result.stderr
     assert "max_context 1024" in result.stdout
 
-    deep = _config_only(root, "xl_200", n_layer=200)
+    deep = _config_only(root, "xl_600", n_layer=600)
     line = assert_one_line_error(wse("compile", deep, "-o", "deep.bin", "--shape-only",
                                      "--max-context", 64, cwd=root), "wse3")
     # names the model's need (PEs) and the machine's size, and how many such wafers would do

@@ -50,13 +50,13 @@ def test_gpt2_xl_shape_only_fits_wse3(tmp_path, wse3):
 
 def test_too_large_a_model_is_refused_with_what_would_fit(tmp_path, wse3):
     with pytest.raises(CompileError) as e:
-        compile_model(_config(tmp_path, "big", n_layer=200), wse3, max_context=64,
+        compile_model(_config(tmp_path, "big", n_layer=600), wse3, max_context=64,
                       shape_only=True)
     msg = str(e.value)
     assert "\n" not in msg
     assert "model needs" in msg and "PEs" in msg and "GB" in msg
     assert f"machine 'wse3' is 762 x 1172 ({wse3.width * wse3.height} PEs" in msg
-    assert "would fit 3 such wafers" in msg  # 200 layers, 77 grids of 100 x 100 a wafer
+    assert "would fit 3 such wafers" in msg  # 600 layers on 34 x 100 grids (fp32 weights)
 
 
 def test_a_context_that_does_not_fit_names_the_context_that_would(tmp_path, wse3):

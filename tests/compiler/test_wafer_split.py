@@ -100,7 +100,7 @@ def test_every_wafer_holds_layers_even_of_a_small_model(tmp_path):
 def test_a_model_too_big_is_refused_with_the_wafers_that_would_hold_it(tmp_path):
     """The refusal names the smallest system that holds the model, and that system compiles
     it while one wafer fewer does not."""
-    folder = _folder(tmp_path, "deep", dict(SMALL, num_hidden_layers=100))
+    folder = _folder(tmp_path, "deep", dict(SMALL, num_hidden_layers=300))
     one = load_machine("test64")
     with pytest.raises(CompileError) as e:  # (the stage chain would hold it on one test64)
         compile_model(folder, one, dtype="bf16", shape_only=True, mapping="wafer")
