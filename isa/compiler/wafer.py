@@ -357,13 +357,21 @@ def choose(dec: Decoder, machine, dtype: str, exact: bool, grid=None,
         need = _layer_sram(geo, dtype, biases, seqs)
         if need > machine.sram_bytes:
             continue
-        mp = _arrange(dec, geo, machine, dtype, exact, seqs=seqs)
+        # the embedding's and head's columns as a functional program takes them (dividing
+        # the tables' rows) where they fit, also shape-only on a rectangle, so that its
+        # timing is the real model's; shape-only squares keep the fewest columns (as before
+        # rectangles existed), and so does any grid whose divisors do not fit
+        layout = exact or not geo.square
+        mp = _arrange(dec, geo, machine, dtype, layout, seqs=seqs)
+        if mp is None and layout and not exact:
+            layout = False
+            mp = _arrange(dec, geo, machine, dtype, layout, seqs=seqs)
         if mp is None:
             continue
         forms = line_forms(dec, geo, machine, dtype)
         mp.line_groups, mp.seqs = forms, seqs
         if machine.chips > 1:  # again, with the groups balanced by the cost model
-            mp = _arrange(dec, geo, machine, dtype, exact, split_costs(mp, machine, dtype),
+            mp = _arrange(dec, geo, machine, dtype, layout, split_costs(mp, machine, dtype),
                           seqs)
             mp.line_groups, mp.seqs = forms, seqs
         mp.predicted = predict(mp, machine, dtype)

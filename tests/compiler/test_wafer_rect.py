@@ -150,3 +150,15 @@ def test_bad_grids_are_refused_in_one_line(grid, wse3, tmp_path):
     with pytest.raises(CompileError) as e:
         compile_model(path, wse3, max_context=CTX, grid=grid)
     assert "\n" not in str(e.value) and "grid" in str(e.value)
+
+
+def test_shape_only_takes_the_functional_grid_and_code_on_a_rectangle(tmp_path):
+    """The embedding and head columns of a rectangle divide the tables' rows in a shape-only
+    compile too (where that fits), so its timing is the functional program's."""
+    path = make_gpt2(tmp_path, hidden=64, layers=2, heads=4, vocab=256)
+    machine = load_machine("test64")
+    full, a = compile_model(path, machine, max_context=16)
+    shape, b = compile_model(path, machine, max_context=16, shape_only=True)
+    assert a.grid == b.grid and isinstance(a.grid, str)  # a rectangle is the pick here
+    assert [r.code for r in full.regions] == [r.code for r in shape.regions]
+    assert [r.rect for r in full.regions] == [r.rect for r in shape.regions]
