@@ -503,6 +503,9 @@ def _build_trees(program, m, box, pe_of_cell, pe_x, pe_y) -> dict:
 # through a switch, a crossing that starts d copies of a message through the sender's port has
 # tree_pipe = port + PIPE_COPY * (d - 1) (docs/timing-model.md, "Systems: links between chips")
 PIPE_COPY = 1 << 20
+# through a switch, a system link beyond the first of its path (the switch delivers the copy
+# the port already carried): tree_pipe = PIPE_RELAY, timed as no link at all (a hop's latency)
+PIPE_RELAY = 1 << 30
 
 
 def n_pipes_of(m: Machine) -> int:
@@ -525,7 +528,8 @@ def link_pipes(m: Machine, grid_w: int, links: np.ndarray,
     from chip s (sender_rows: each entry's sender row; parents: the entries' tree_parent)
     leaves by s's port, pipe s: the first crossing of a path is that port, carrying a copy for
     every crossing of the route beyond it (PIPE_COPY); those later crossings, which the switch
-    delivers directly, are ordinary links (no second latency)."""
+    delivers directly, are PIPE_RELAY: no pipe, no second latency, and no reservation of the
+    fabric link, which the line of chips has and the switch does not."""
     links = np.asarray(links, dtype=np.int64)
     out = np.full(links.shape, -1, dtype=np.int32)
     if m.chips == 1 or not links.size:
@@ -547,6 +551,7 @@ def link_pipes(m: Machine, grid_w: int, links: np.ndarray,
     first = copies > 0
     src = np.asarray(sender_rows, dtype=np.int64)[first] // ch
     out[first] = src + PIPE_COPY * (copies[first] - 1)
+    out[(south | north) & ~first] = PIPE_RELAY
     return out
 
 

@@ -341,14 +341,14 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
             if f.dst in self.body_of and f.dst - f.src < period:
                 key = ("role", self.body_of[f.dst][1], plan.stages[f.dst].in_flows.index(f.id),
                        f.length)
-            length = self.tp_slice(f.length) * self.C if self.tp else f.length
+            length = self.tp_span(f.length) if self.tp else f.length
             if key not in keyed:  # on a node, padded to whole slices of the allreduce; B
                 keyed[key] = pb.hbm_alloc(f"flow{f.id}.{f.what}", length * 4 * self.B)  # rows
             lay.flows[f.id] = keyed[key]
             lay.flow_stride[f.id] = length * 4  # bytes from one sequence's row to the next
         for sid, (_, vg, name) in (self.tp.vocab.items() if self.tp else ()):
             lay.local_out[sid] = pb.hbm_alloc(f"slice.{name}",
-                                              self.tp_slice(vg) * self.C * 4 * self.B)
+                                              self.tp_span(vg, True) * 4 * self.B)
         for name, shape in self.symbols.items():
             if name not in ("input_ids", "position_ids"):
                 lay.outputs[name] = pb.hbm_alloc(f"out.{name}", int(np.prod(shape)) * 4)
@@ -982,7 +982,7 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
                  for name, _ in s.outputs]
         if s.id in self.layout.local_out:
             _, vg, _ = self.tp.vocab[s.id]
-            rows.append((Ha(self.layout.local_out[s.id]), self.tp_slice(vg) * C * 4))
+            rows.append((Ha(self.layout.local_out[s.id]), self.tp_span(vg, True) * 4))
         rb.addi("r3", "r7", 0)
         rb.li("r2", 0)
         rb.muli("r6", "X", tr * 4)  # r6: byte offset of the tile's piece in a row
