@@ -49,8 +49,9 @@ position it sets holds for the smaller ones.
 
 Systems (NAMExN: several wafers, a GPU node; docs/timing-model.md, "Systems"): peak FLOPs and
 HBM bandwidth are the system's (every chip's); two more floors apply. "system links": the
-bytes that crossed each pipe between two chips (RunResult.pipe_wavelets x wavelet bytes) over
-the link's bandwidth, the busiest pipe's; and on a GPU node "HBM per GPU": one GPU's weight
+bytes that crossed each pipe (a chip's port through a switch, every copy it sent; between two
+neighbours point to point) (RunResult.pipe_wavelets x wavelet bytes) over the link's
+bandwidth, the busiest pipe's; and on a GPU node "HBM per GPU": one GPU's weight
 bytes (the compiler's tensor-parallel share, meta "weight_hbm_bytes") over one GPU's bandwidth.
 """
 

@@ -8,11 +8,11 @@ mapped differently:
 - Every core runs every stage, in plan order (one region, SPMD on the core index X); between
   stages a grid barrier over the fabric (a binary gather tree into core 0, then a multicast
   from core 0 back to every core; only the half a stage boundary needs).
-- Every weight lives in HBM and is read once a token. A gemv stage's matrices (stacked by rows,
-  as on the mesh) are stored as consecutive column-major row tiles of tr x K (the layout `mv`
-  reads, one DMA a tile); tile t belongs to core t % C, which streams its tiles with double
-  buffering: the DMA of the next tile runs while `mv` works on this one (tags 0 and 1), and the
-  y pieces go back with `dmast` (tags 2 and 3).
+- Every weight lives in HBM and is read once a step (a token of each sequence). A gemv
+  stage's matrices (stacked by rows, as on the mesh) are stored as consecutive column-major
+  row tiles of tr x K (the layout `mv` reads, one DMA a tile); tile t belongs to core t % C,
+  which streams its tiles with double buffering: the DMA of the next tile runs while `mv`
+  works on this one (tags 0 and 1), and the y pieces go back with `dmast` (tags 2 and 3).
 - Every value that crosses stages (a Flow) is an fp32 buffer in HBM: the producer stores it,
   waits for the store, the barrier passes, and the consumer loads it. A real GPU would hit L2
   for these; this model has none, so each core's read of a gemv input is HBM traffic (a few %

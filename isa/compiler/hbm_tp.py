@@ -238,17 +238,18 @@ def oneshot_cycles(machine, n: int) -> int:
             + G * (c.issue + n))
 
 
-def allreduce_form(machine, hidden: int) -> tuple[str, int, int]:
-    """(form, n, cycles): the cheaper allreduce of a hidden-long vector a sequence (hidden = B
-    rows side by side) on `machine`: 'oneshot' (oneshot_cycles, n = ceil(hidden / pairs)) when
-    the GPUs meet through a switch, a GPU has two SMs or more and the barrier leaves G colors,
-    else 'chain' (allreduce_cycles, n = ceil(hidden / SMs))."""
+def allreduce_form(machine, length: int, blocks: int = 1) -> tuple[str, int, int]:
+    """(form, n, cycles): the cheaper allreduce of `blocks` length-long vectors side by side
+    (the B sequences' hidden vectors; the G vocabulary slices of the logit gather) on
+    `machine`: 'oneshot' (oneshot_cycles, n = blocks * ceil(length / pairs)) when the GPUs
+    meet through a switch, a GPU has two SMs or more and the barrier leaves G colors, else
+    'chain' (allreduce_cycles, n = blocks * ceil(length / SMs))."""
     C, G = machine.width, machine.chips
-    chain_n = -(-hidden // C)
+    chain_n = blocks * -(-length // C)
     best = ("chain", chain_n, allreduce_cycles(machine, chain_n))
     rounds = max(0, math.ceil(math.log2(C))) if C > 1 else 0
     if machine.link_switch and C >= 2 and rounds + 1 + G <= machine.colors:
-        n = -(-hidden // (C // 2))
+        n = blocks * -(-length // (C // 2))
         if n <= 65535:
             t = oneshot_cycles(machine, n)
             if t < best[2]:
@@ -282,9 +283,9 @@ class HbmTensorParallel:
         hidden = max((s.out_len for s in self.plan.stages
                       if s.id in self.tp.splits and self.tp.splits[s.id].kind == "row"),
                      default=1)
-        self.tp_form = allreduce_form(self.machine, hidden * self.B)[0]
+        self.tp_form = allreduce_form(self.machine, hidden, self.B)[0]
         vg = max((v for _, v, _ in self.tp.vocab.values()), default=1)
-        self.tp_form_gather = allreduce_form(self.machine, self.G * vg)[0]
+        self.tp_form_gather = allreduce_form(self.machine, vg, self.G)[0]
         forms = (self.tp_form, self.tp_form_gather)
         first = self.rounds + 1
         self.tp_chain_colors = tuple(range(first, first + 3)) if "chain" in forms else ()

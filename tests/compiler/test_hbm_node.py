@@ -65,7 +65,7 @@ def test_greedy_ids_match_transformers(family, gpus, switch, latency, models):
     assert report.fabric == (8, gpus)
     assert allreduce_form(m, 128)[0] == ("oneshot" if switch else "chain")
     if latency:
-        assert allreduce_form(m, gpus * 256)[0] == "chain"  # the gather: vocabulary 511
+        assert allreduce_form(m, 256, gpus)[0] == "chain"  # the gather: vocabulary 511
     gen = Generator(program, m)
     got = gen.generate(PROMPT, N_TOKENS).generated_ids
     assert got == _torch_ids(models[family], PROMPT, N_TOKENS)
