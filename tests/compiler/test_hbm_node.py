@@ -1,9 +1,9 @@
 """Tensor parallelism on a GPU node (isa/compiler/hbm_tp.py): a GPT-2 and a Llama split over
 2 or 4 GPUs generate transformers' greedy ids, with one-shot allreduces through a switch and
 chains point to point; the allreduces cross the node's links with the bytes their formula
-says, and the formulas predict what the one-shot saves; every GPU streams only its share of the weights and the step never
-beats that share over one GPU's bandwidth; a model too big for one GPU is refused there saying
-how many would hold it, and compiles on such a node.
+says, and the formulas predict what the one-shot saves; every GPU streams only its share of
+the weights and the step never beats that share over one GPU's bandwidth; a model too big for
+one GPU is refused there saying how many would hold it, and compiles on such a node.
 
 A GPU cut to a few SMs and a small HBM (dataclasses.replace of h100's) keeps the runs short:
 the kernel is the same for any width, and each GPU's HBM range is hbm_bytes long.
