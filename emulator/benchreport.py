@@ -213,13 +213,15 @@ def _curves(cases: list[dict]) -> dict:
 
 def compare(cases: list[dict], machines: dict) -> list[str]:
     """Per model and B, every resident-weight (mesh) result against every HBM result: the
-    ratio of tokens/s and why (bytes per token, bandwidth, where each machine's time goes)."""
+    ratio of tokens/s and why (bytes per step, bandwidth, where each machine's time goes; a
+    step is a token of each of the B sequences)."""
     out = []
     by_model: dict[tuple, list[dict]] = {}
     for c in cases:
         if c["status"] == "ok":
             by_model.setdefault((c["model"], _seqs(c)), []).append(c)
     for (model, b), done in by_model.items():
+        step = "step" if b > 1 else "token"  # B > 1: a step carries a token of each sequence
         if b > 1:
             model = f"{model}, B = {b}"
         for mesh in (c for c in done if machines[c["machine"]]["kind"] != "hbm"):
@@ -235,15 +237,15 @@ def compare(cases: list[dict], machines: dict) -> list[str]:
                     f"{hbm['machine']} {fh['tokens_per_second']:,.0f} tokens/s = {ratio:.3g}x "
                     f"({verdict}). {hbm['machine']} must stream "
                     f"{fmt_bytes(fh['weight_bytes_per_token'])} of weights from HBM every "
-                    f"token (the run moved {fmt_bytes(moved)}) at "
+                    f"{step} (the run moved {fmt_bytes(moved)}) at "
                     f"{fmt_bytes(mh['hbm_bandwidth'])}/s peak: at least {fmt_seconds(floor)} a "
-                    f"token however fast its cores are; it took "
+                    f"{step} however fast its cores are; it took "
                     f"{fmt_seconds(fh['seconds_per_token'])} (HBM busy "
                     f"{fmt_fraction(fh['hbm_utilisation'])}; the rest is DMA latency and the "
                     f"barriers between stages). {mesh['machine']} keeps the weights resident in "
                     f"SRAM (0 B from HBM), readable at {fmt_bytes(mm['memory_bandwidth'])}/s "
                     f"over its {mm['pes']:,} PEs, and moves only activations: "
-                    f"{fmt_bytes(fm['fabric_link_bytes_per_token'])} of link traffic a token "
+                    f"{fmt_bytes(fm['fabric_link_bytes_per_token'])} of link traffic a {step} "
                     f"(its hottest link busy {fmt_fraction(fm['link_utilisation_max'])} of the "
                     f"time); its {fmt_seconds(fm['seconds_per_token'])} is latency along the "
                     f"layer chain, not bandwidth.")

@@ -14,10 +14,11 @@ How the figures are defined (the model's side is counted from the layer graph, n
   one multiply-add at batch 1) + 4 x heads x head_dim x S per ATTENTION node (q.k and p.v over
   the S = position + 1 cached positions). Elementwise ops, norms, softmax and the embedding
   gather are not counted (under 0.1 % of the total at these sizes).
-- Weight bytes per token = those matrix elements x the bytes of the compiled dtype: what a
-  batch-1 decode must read once a token (the embedding gather reads one row, not counted).
-- Floors, each a lower bound on the time per token that no correct emulation can beat:
-  HBM machines: weight bytes / peak HBM bandwidth (every weight streamed once a token), and the
+- Weight bytes per step = those matrix elements x the bytes of the compiled dtype: what a
+  decode step must read once, for one sequence or a batch of B (the embedding gather reads one
+  row a sequence, not counted).
+- Floors, each a lower bound on the time per step that no correct emulation can beat:
+  HBM machines: weight bytes / peak HBM bandwidth (every weight streamed once a step), and the
   HBM bytes the run reports / peak bandwidth; every machine: FLOPs / peak (the widest FMAC of
   the preset on every core of the machine) and the hottest link's wavelets / clock (a link
   carries one wavelet a cycle).
@@ -48,8 +49,9 @@ position it sets holds for the smaller ones.
 
 Systems (NAMExN: several wafers, a GPU node; docs/timing-model.md, "Systems"): peak FLOPs and
 HBM bandwidth are the system's (every chip's); two more floors apply. "system links": the
-bytes that crossed each pipe between two chips (RunResult.pipe_wavelets x wavelet bytes) over
-the link's bandwidth, the busiest pipe's; and on a GPU node "HBM per GPU": one GPU's weight
+bytes that crossed each pipe (a chip's port through a switch, every copy it sent; between two
+neighbours point to point) (RunResult.pipe_wavelets x wavelet bytes) over the link's
+bandwidth, the busiest pipe's; and on a GPU node "HBM per GPU": one GPU's weight
 bytes (the compiler's tensor-parallel share, meta "weight_hbm_bytes") over one GPU's bandwidth.
 """
 

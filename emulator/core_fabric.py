@@ -22,6 +22,7 @@ from wse_emu.emulator.core_state import (
     M_REFS, M_SENDER, NEED_POOL, NEED_RECORDS, P_BPSTALL, P_CLOCK, P_STATUS, P_WAIT, Q_FIRST,
     Q_LAST, Q_QUEUED, T_COUNT, T_NDEST, T_START, X_GROW)
 from wse_emu.emulator.result import PIPE_TICKS, ST_RUN, ST_WAIT_BP, ST_WAIT_RECV
+from wse_emu.emulator.load import PIPE_COPY, PIPE_RELAY
 from wse_emu.kernels.access import f32_to_wavelets, wavelets_to_f32
 from wse_emu.kernels.prefetch import prefetch
 
@@ -283,15 +284,20 @@ def send(p, color, dtype, vals, k, start, end, pe, mp, tree_of, tree, tree_tmp, 
         else:
             h, t = tree_tmp[parent - first, 0], tree_tmp[parent - first, 1]
         lk = tree[e, E_LINK]
-        s_h = max(h, link[lk, L_FREE])
-        s_t = max(t, s_h + k - 1)
-        link[lk, L_FREE] = s_t + 1
+        dest = tree[e, E_DEST]
+        if dest == E_PIPE0 - PIPE_RELAY:  # the switch relays it: no link of the line of chips
+            s_h, s_t = h, max(t, h + k - 1)
+        else:
+            s_h = max(h, link[lk, L_FREE])
+            s_t = max(t, s_h + k - 1)
+            link[lk, L_FREE] = s_t + 1
         link[lk, L_WAVELETS] += k
         counters[K_HOPS] += k
-        dest = tree[e, E_DEST]
         if dest < 0:
-            if dest <= E_PIPE0:  # a system link: the chips' shared pipe as well
-                s_h, s_t = cross_pipe(link, mp[MP_PIPE_BASE] + E_PIPE0 - dest, s_h, s_t, k, mp)
+            if dest <= E_PIPE0 and dest != E_PIPE0 - PIPE_RELAY:  # a system link: the chips'
+                pipe = E_PIPE0 - dest  # pipe as well (through a switch, the sender's port)
+                s_h, s_t = cross_pipe(link, mp[MP_PIPE_BASE] + pipe % PIPE_COPY, s_h, s_t,
+                                      k * (1 + pipe // PIPE_COPY), mp)
             tree_tmp[e - first, 0] = s_h + hop
             tree_tmp[e - first, 1] = s_t + hop
             continue

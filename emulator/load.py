@@ -114,8 +114,9 @@ class Loaded:
 
     @property
     def n_pipes(self) -> int:
-        """System pipes: one each way between two neighbouring chips (0 on one chip)."""
-        return 2 * (self.machine.chips - 1)
+        """System pipes (n_pipes_of): a port a chip through a switch, else one each way
+        between two neighbouring chips (0 on one chip)."""
+        return n_pipes_of(self.machine)
 
     def pe_sram(self, p: int) -> np.ndarray:
         """PE p's SRAM bytes (a view; empty for a PE without SRAM in timing-only mode)."""
@@ -489,19 +490,46 @@ def _build_trees(program, m, box, pe_of_cell, pe_x, pe_y) -> dict:
                         f"accept wavelets from {DIR_NAMES[port]}")
     if code == lr.ERR_LOOP:
         raise LoadError(f"{src} loops: ({x},{y}) is reached twice")
+    slots = np.flatnonzero(start >= 0)  # every entry's sender row (its tree's source)
+    rows = np.repeat(pe_y[slots // colors], count[slots]) if slots.size else np.zeros(0)
     return dict(tree_start=start, tree_count=count, tree_link=link, tree_parent=parent,
-                tree_dest=dest, tree_pipe=link_pipes(m, box.w, link))
+                tree_dest=dest, tree_pipe=link_pipes(m, box.w, link, rows, parent))
 
 
 # ---------------------------------------------------------------------------------------------
 # systems: the links between chips (docs/timing-model.md, "Systems: links between chips")
 
 
-def link_pipes(m: Machine, grid_w: int, links: np.ndarray) -> np.ndarray:
-    """int32 per fabric link id (cell * 5 + port): the system pipe it crosses into, -1 for
-    an ordinary link. Chip c holds rows [c * chip_height, (c + 1) * chip_height); the S link
-    of c's last row is pipe 2c (c -> c + 1), the N link of row (c + 1) * chip_height (the
-    first row of chip c + 1) is pipe 2c + 1 (c + 1 -> c)."""
+# through a switch, a crossing that starts d copies of a message through the sender's port has
+# tree_pipe = port + PIPE_COPY * (d - 1) (docs/timing-model.md, "Systems: links between chips")
+PIPE_COPY = 1 << 20
+# through a switch, a system link beyond the first of its path (the switch delivers the copy
+# the port already carried): tree_pipe = PIPE_RELAY, timed as no link at all (a hop's latency)
+PIPE_RELAY = 1 << 30
+
+
+def n_pipes_of(m: Machine) -> int:
+    """System pipes: through a switch (link_switch), one port a chip, shared by all it sends;
+    point to point, one each way between two neighbouring chips; 0 on one chip."""
+    if m.chips == 1:
+        return 0
+    return m.chips if m.link_switch else 2 * (m.chips - 1)
+
+
+def link_pipes(m: Machine, grid_w: int, links: np.ndarray,
+               sender_rows: np.ndarray | None = None,
+               parents: np.ndarray | None = None) -> np.ndarray:
+    """int32 per route entry (its fabric link id, cell * 5 + port): the system pipe it
+    crosses into, -1 for an ordinary link. Chip c holds rows [c * chip_height, (c + 1) *
+    chip_height); the S link of c's last row and the N link of c + 1's first row cross.
+
+    Point to point: the S crossing out of chip c is pipe 2c (c -> c + 1), the N crossing out
+    of chip c + 1 is pipe 2c + 1 (c + 1 -> c). Through a switch (link_switch) a message sent
+    from chip s (sender_rows: each entry's sender row; parents: the entries' tree_parent)
+    leaves by s's port, pipe s: the first crossing of a path is that port, carrying a copy for
+    every crossing of the route beyond it (PIPE_COPY); those later crossings, which the switch
+    delivers directly, are PIPE_RELAY: no pipe, no second latency, and no reservation of the
+    fabric link, which the line of chips has and the switch does not."""
     links = np.asarray(links, dtype=np.int64)
     out = np.full(links.shape, -1, dtype=np.int32)
     if m.chips == 1 or not links.size:
@@ -511,8 +539,19 @@ def link_pipes(m: Machine, grid_w: int, links: np.ndarray) -> np.ndarray:
     y = cell // grid_w
     south = (port == DIR_S) & ((y + 1) % ch == 0) & (y + 1 < m.height)
     north = (port == DIR_N) & (y % ch == 0) & (y > 0)
-    out[south] = 2 * (y[south] // ch)
-    out[north] = 2 * (y[north] // ch - 1) + 1
+    if not m.link_switch:
+        out[south] = 2 * (y[south] // ch)
+        out[north] = 2 * (y[north] // ch - 1) + 1
+        return out
+    from wse_emu.emulator.load_routes import switch_copies
+
+    if sender_rows is None or parents is None or len(sender_rows) != len(links):
+        raise ValueError("a switched system's pipes need every entry's sender row and parent")
+    copies = switch_copies(south | north, np.asarray(parents, dtype=np.int64))
+    first = copies > 0
+    src = np.asarray(sender_rows, dtype=np.int64)[first] // ch
+    out[first] = src + PIPE_COPY * (copies[first] - 1)
+    out[(south | north) & ~first] = PIPE_RELAY
     return out
 
 
@@ -537,9 +576,11 @@ def hbm_chip_detail(loaded: Loaded, p: int, addr: int, nbytes: int) -> str:
 
 
 def pipe_name(m: Machine, pipe: int) -> str:
-    """'chip 0 -> 1' (or 'GPU 0 -> 1') for pipe index `pipe`."""
-    b, up = divmod(pipe, 2)
+    """'chip 0 -> 1' (or 'GPU 0 -> 1') for pipe index `pipe`; 'GPU 3 -> switch' for a port."""
     unit = "GPU" if m.kind == "hbm" else "chip"
+    if m.link_switch:
+        return f"{unit} {pipe} -> switch"
+    b, up = divmod(pipe, 2)
     return f"{unit} {b + 1} -> {b}" if up else f"{unit} {b} -> {b + 1}"
 
 

@@ -104,3 +104,25 @@ def build_trees(rx, tx, pe_of_cell, sender_pe, sender_color, pe_x, pe_y, colors,
                 tail += 1
         tree_count[pe * colors + color] = top - first
     return tree_start, tree_count, link[:top], parent[:top], dest[:top], err
+
+
+@njit(cache=True)
+def switch_copies(crosses, parent):
+    """Through a switch (emulator/load.py link_pipes): per route entry, 0 where its link is
+    not a crossing or is a crossing beyond an earlier one of its path (the switch relays that
+    copy, no port of its own), else the crossings of the subtree from it on (itself included):
+    the copies of the message that leave by the sender's port there. Parents precede their
+    children (breadth-first entries, global indices, -1 at a source router)."""
+    n = crosses.shape[0]
+    owner = np.full(n, -1, dtype=np.int64)  # the first crossing on the entry's path
+    copies = np.zeros(n, dtype=np.int64)
+    for e in range(n):
+        up = owner[parent[e]] if parent[e] >= 0 else -1
+        if up >= 0:
+            owner[e] = up
+            if crosses[e]:
+                copies[up] += 1
+        elif crosses[e]:
+            owner[e] = e
+            copies[e] += 1
+    return copies

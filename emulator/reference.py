@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from wse_emu.emulator.load import PIPE_TICKS, Loaded, hbm_chip_detail, pipe_ticks_per_wavelet
+from wse_emu.emulator.load import (PIPE_COPY, PIPE_RELAY, PIPE_TICKS, Loaded, hbm_chip_detail,
+                                  pipe_ticks_per_wavelet)
 from wse_emu.emulator.result import (
     F_ALIGN, F_COUNT, F_DEST_NOT_MEM, F_DMA_DESC, F_DMA_TAG, F_FABIN_DEST, F_FABOUT_SRC,
     F_HBM_CHIP, F_HBM_RANGE, F_MATRIX_FABRIC, F_NONE, F_OOB,
@@ -607,14 +608,18 @@ class Reference:
             link = int(ld.tree_link[e])
             parent = int(ld.tree_parent[e])
             h, t = root if parent < 0 else head_tail[parent]
-            s_h = max(h, int(self.link_free[link]))
-            s_t = max(t, s_h + k - 1)
-            self.link_free[link] = s_t + 1
+            pipe = int(ld.tree_pipe[e])
+            if pipe == PIPE_RELAY:  # the switch relays it: no link of the line of chips
+                s_h, s_t = h, max(t, h + k - 1)
+            else:
+                s_h = max(h, int(self.link_free[link]))
+                s_t = max(t, s_h + k - 1)
+                self.link_free[link] = s_t + 1
             self.link_wavelets[link] += k
             self.wavelet_hops += k
-            pipe = int(ld.tree_pipe[e])
-            if pipe >= 0:  # a system link: the chips' shared pipe as well
-                s_h, s_t = self.cross_pipe(pipe, s_h, s_t, k)
+            if 0 <= pipe < PIPE_RELAY:  # a system link: the chips' shared pipe as well (through a
+                copies = 1 + pipe // PIPE_COPY  # switch, the sender's port: a copy a chip)
+                s_h, s_t = self.cross_pipe(pipe % PIPE_COPY, s_h, s_t, k * copies)
             dest = int(ld.tree_dest[e])
             if dest >= 0:
                 deliveries.append((dest, s_h + m.ramp_latency, s_t + m.ramp_latency))

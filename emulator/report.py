@@ -151,8 +151,8 @@ def hbm_summary(loaded: Loaded, result: RunResult) -> dict:
 
 
 def system_summary(loaded: Loaded, result: RunResult) -> dict:
-    """The links between the chips of a system: per pipe (one each way between neighbouring
-    chips) the bytes that crossed it and its busy fraction, the share of the run's cycles it
+    """The links between the chips of a system: per pipe (a chip's port through a switch, else
+    one each way between neighbouring chips) the bytes that crossed it and its busy fraction, the share of the run's cycles it
     was transferring (wavelets x its ticks per wavelet; docs/timing-model.md, "Systems")."""
     m = loaded.machine
     cycles = max(int(result.cycles), 1)

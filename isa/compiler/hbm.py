@@ -8,11 +8,11 @@ mapped differently:
 - Every core runs every stage, in plan order (one region, SPMD on the core index X); between
   stages a grid barrier over the fabric (a binary gather tree into core 0, then a multicast
   from core 0 back to every core; only the half a stage boundary needs).
-- Every weight lives in HBM and is read once a token. A gemv stage's matrices (stacked by rows,
-  as on the mesh) are stored as consecutive column-major row tiles of tr x K (the layout `mv`
-  reads, one DMA a tile); tile t belongs to core t % C, which streams its tiles with double
-  buffering: the DMA of the next tile runs while `mv` works on this one (tags 0 and 1), and the
-  y pieces go back with `dmast` (tags 2 and 3).
+- Every weight lives in HBM and is read once a step (a token of each sequence). A gemv
+  stage's matrices (stacked by rows, as on the mesh) are stored as consecutive column-major
+  row tiles of tr x K (the layout `mv` reads, one DMA a tile); tile t belongs to core t % C,
+  which streams its tiles with double buffering: the DMA of the next tile runs while `mv`
+  works on this one (tags 0 and 1), and the y pieces go back with `dmast` (tags 2 and 3).
 - Every value that crosses stages (a Flow) is an fp32 buffer in HBM: the producer stores it,
   waits for the store, the barrier passes, and the consumer loads it. A real GPU would hit L2
   for these; this model has none, so each core's read of a gemv input is HBM traffic (a few %
@@ -341,14 +341,14 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
             if f.dst in self.body_of and f.dst - f.src < period:
                 key = ("role", self.body_of[f.dst][1], plan.stages[f.dst].in_flows.index(f.id),
                        f.length)
-            length = self.tp_slice(f.length) * self.C if self.tp else f.length
+            length = self.tp_span(f.length) if self.tp else f.length
             if key not in keyed:  # on a node, padded to whole slices of the allreduce; B
                 keyed[key] = pb.hbm_alloc(f"flow{f.id}.{f.what}", length * 4 * self.B)  # rows
             lay.flows[f.id] = keyed[key]
             lay.flow_stride[f.id] = length * 4  # bytes from one sequence's row to the next
         for sid, (_, vg, name) in (self.tp.vocab.items() if self.tp else ()):
             lay.local_out[sid] = pb.hbm_alloc(f"slice.{name}",
-                                              self.tp_slice(vg) * self.C * 4 * self.B)
+                                              self.tp_span(vg, True) * 4 * self.B)
         for name, shape in self.symbols.items():
             if name not in ("input_ids", "position_ids"):
                 lay.outputs[name] = pb.hbm_alloc(f"out.{name}", int(np.prod(shape)) * 4)
@@ -982,7 +982,7 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
                  for name, _ in s.outputs]
         if s.id in self.layout.local_out:
             _, vg, _ = self.tp.vocab[s.id]
-            rows.append((Ha(self.layout.local_out[s.id]), self.tp_slice(vg) * C * 4))
+            rows.append((Ha(self.layout.local_out[s.id]), self.tp_span(vg, True) * 4))
         rb.addi("r3", "r7", 0)
         rb.li("r2", 0)
         rb.muli("r6", "X", tr * 4)  # r6: byte offset of the tile's piece in a row

@@ -17,10 +17,20 @@ one GPU's share (`shard`):
 - the LM head keeps vocabulary rows [g * Vg, (g + 1) * Vg), Vg = ceil(V / G);
 - embeddings, norms and residual adds are replicated (every GPU holds the residual stream).
 
-Two allreduces a layer (after the o and the down projections): every SM x of every GPU takes
-slice x (n = ceil(hidden / SMs) floats) of the partial output and the SMs of column x (one a
-GPU) run a chain allreduce along the column toward the middle GPU and a broadcast back
-(isa/collectives.py), so the 132 columns' slices share each link between GPUs g and g + 1.
+Two allreduces a layer (after the o and the down projections), in one of two forms, the
+cheaper by its cost formula (`allreduce_form`):
+
+- chain: every SM x of every GPU takes slice x (n = ceil(hidden / SMs) floats) of the partial
+  output and the SMs of column x (one a GPU) run a chain allreduce along the column toward the
+  middle GPU and a broadcast back (isa/collectives.py): about 2 * G / 2 link latencies in a row.
+  The only form on GPUs joined point to point (each link between neighbours its own pipe).
+- one-shot (GPUs through a switch, link_switch): the SMs pair up, sender 2i and receiver
+  2i + 1, slice i (n = ceil(hidden / (SMs // 2)) floats) a pair. Every GPU's sender multicasts
+  its slice to the receivers of pair i on every other GPU at once (color first + GY; through
+  the switch one link latency, the G - 1 copies over the GPU's port), and every receiver adds
+  the G slices in the same order, GPU 0's first (its own from HBM in its place), so every GPU
+  holds bit-identical sums. Receivers never send, so no send waits on a blocked sender.
+
 The LM head's logit slices are gathered the same way (each GPU's slice in its own part of a
 G-slice block, summed), and GPU 0 stores them into the logits the host reads.
 """
@@ -215,6 +225,38 @@ def gpus_needed(plan: Plan, wb: int, hbm_bytes: int, most: int = 64) -> int | No
     return None
 
 
+def oneshot_cycles(machine, n: int) -> int:
+    """The one-shot allreduce of n floats a pair over the node's G GPUs through a switch, in
+    cycles: a sender's multicast (an op: issue overhead, n wavelets at one a cycle), one link
+    latency, the G - 1 copies of every pair's n floats through the GPU's port (all pairs at
+    once: (G - 1) * pairs * n * 4 bytes over its bandwidth), the ramps and the hops down the
+    column, and the receiver's G ops (issue overhead each, n elements at one wavelet a cycle)."""
+    G, pairs = machine.chips, machine.width // 2
+    c = Costs.of(machine)
+    port = math.ceil((G - 1) * pairs * n * 4 / machine.link_bytes_per_cycle)
+    return (c.issue + n + machine.link_latency + port + 2 * c.ramp + 2 + G * c.hop
+            + G * (c.issue + n))
+
+
+def allreduce_form(machine, length: int, blocks: int = 1) -> tuple[str, int, int]:
+    """(form, n, cycles): the cheaper allreduce of `blocks` length-long vectors side by side
+    (the B sequences' hidden vectors; the G vocabulary slices of the logit gather) on
+    `machine`: 'oneshot' (oneshot_cycles, n = blocks * ceil(length / pairs)) when the GPUs
+    meet through a switch, a GPU has two SMs or more and the barrier leaves G colors, else
+    'chain' (allreduce_cycles, n = blocks * ceil(length / SMs))."""
+    C, G = machine.width, machine.chips
+    chain_n = blocks * -(-length // C)
+    best = ("chain", chain_n, allreduce_cycles(machine, chain_n))
+    rounds = max(0, math.ceil(math.log2(C))) if C > 1 else 0
+    if machine.link_switch and C >= 2 and rounds + 1 + G <= machine.colors:
+        n = blocks * -(-length // (C // 2))
+        if n <= 65535:
+            t = oneshot_cycles(machine, n)
+            if t < best[2]:
+                best = ("oneshot", n, t)
+    return best
+
+
 def allreduce_cycles(machine, n: int) -> int:
     """The chain allreduce of n floats a column over the node's G GPUs (toward the middle GPU,
     then a broadcast back), in cycles: the wafer formula of isa/collectives.py for a line of G,
@@ -231,72 +273,172 @@ def allreduce_cycles(machine, n: int) -> int:
 
 class HbmTensorParallel:
     """The allreduces of the node kernel (mixed into isa.compiler.hbm.HbmCompiler; needs its
-    rb, labels, arena, C, G, tp, layout, hbm())."""
+    rb, labels, arena, C, G, B, tp, layout, hbm())."""
+
+    def tp_choose(self) -> None:
+        """The allreduce form (allreduce_form) of the layers' allreduce of B hidden vectors
+        (tp_form) and of the logit gather's block of G vocabulary slices (tp_form_gather),
+        each by its cost formula, and the colors of the forms used (the chain's 3, then the
+        one-shot's G)."""
+        hidden = max((s.out_len for s in self.plan.stages
+                      if s.id in self.tp.splits and self.tp.splits[s.id].kind == "row"),
+                     default=1)
+        self.tp_form = allreduce_form(self.machine, hidden, self.B)[0]
+        vg = max((v for _, v, _ in self.tp.vocab.values()), default=1)
+        self.tp_form_gather = allreduce_form(self.machine, vg, self.G)[0]
+        forms = (self.tp_form, self.tp_form_gather)
+        first = self.rounds + 1
+        self.tp_chain_colors = tuple(range(first, first + 3)) if "chain" in forms else ()
+        first += len(self.tp_chain_colors)
+        self.tp_os_colors = tuple(range(first, first + self.G)) if "oneshot" in forms else ()
 
     def tp_colors(self) -> tuple[int, ...]:
-        first = self.rounds + 1
-        return tuple(range(first, first + 3))
+        return self.tp_chain_colors + self.tp_os_colors
+
+    def tp_units(self, gather: bool = False) -> int:
+        """Slices a vector is cut into: an SM's for the chain, an SM pair's for the one-shot."""
+        form = self.tp_form_gather if gather else self.tp_form
+        return self.C // 2 if form == "oneshot" else self.C
 
     def tp_check_colors(self) -> None:
-        need = self.rounds + 1 + 3
+        self.tp_choose()
+        need = self.rounds + 1 + len(self.tp_colors())
         if need > self.machine.colors:
             raise CompileError(f"machine '{self.machine.name}': the grid barrier and the "
                                f"allreduce need {need} colors, the machine has "
                                f"{self.machine.colors}")
 
     def tp_collective(self, n: int):
-        return allreduce((0, 0, self.C, self.G), "column", n, self.tp_colors(), form="chain",
+        return allreduce((0, 0, self.C, self.G), "column", n, self.tp_chain_colors, form="chain",
                          root=default_root(self.G), costs=Costs.of(self.machine))
 
     def tp_routes(self, pb) -> None:
-        self.tp_collective(1).add_routes(pb)
+        if self.tp_chain_colors:
+            self.tp_collective(1).add_routes(pb)
+        G = self.G
+        for j, color in enumerate(self.tp_os_colors):  # GPU j's senders, to every receiver
+            for i in range(self.C // 2):
+                x = 2 * i
+                pb.route(x, j, 1, 1, color, "RAMP", "E")
+                pb.route(x + 1, j, 1, 1, color, "W", "|".join(
+                    d for d, ok in (("N", j > 0), ("S", j < G - 1)) if ok))
+                if j > 1:
+                    pb.route(x + 1, 1, 1, j - 1, color, "S", "N|RAMP")
+                if j > 0:
+                    pb.route(x + 1, 0, 1, 1, color, "S", "RAMP")
+                if j < G - 2:
+                    pb.route(x + 1, j + 1, 1, G - 2 - j, color, "N", "S|RAMP")
+                if j < G - 1:
+                    pb.route(x + 1, G - 1, 1, 1, color, "N", "RAMP")
 
     def tp_gpu_base(self) -> None:
         """r14 = this GPU's first HBM byte (GY * hbm_bytes)."""
         li64(self.rb, "r0", self.machine.hbm_bytes)
         self.rb.mul(GB, "GY", "r0")
 
-    def _collective(self, n: int, buf: int) -> None:
+    def _collective(self, n: int, buf: int, done: str, form: str) -> int:
+        """Allreduce the n floats at `buf` of every SM taking part; the SRAM address of the
+        sum (on an SM that holds one: the chain's every SM, the one-shot's receivers; a
+        one-shot sender jumps to `done`)."""
+        out = buf if form == "chain" else buf + 4 * n
         if isinstance(self.rb, _Recorder):  # comparing two layers' code: the same n, buffer
-            self.rb.calls.append(("allreduce", (n, buf), ()))
+            self.rb.calls.append(("allreduce", (n, buf, done, form), ()))
+            return out
+        if form == "chain":
+            self.tp_collective(n).emit(self.rb, buf, buf, dregs=("d9", "d10", "d11", "d12"),
+                                       rregs=("r8", "r9"), label=self.labels("ar"))
+            return out
+        rb, L, colors = self.rb, self.labels, self.tp_os_colors
+        recv = L("ar_recv")
+        rb.andi("r8", "X", 1)
+        rb.bne("r8", ZR, recv)
+        rb.dmem("d9", "f32", buf, n)  # a sender: its slice to the receivers of its pair
+        for j, color in enumerate(colors):
+            other = L("ar_not")
+            rb.li("r8", j)
+            rb.bne("GY", "r8", other)
+            rb.dfout("d10", "f32", color, n)
+            rb.vmov("d10", "d9")
+            rb.jmp(done)
+            rb.label(other)
+        rb.jmp(done)
+        rb.label(recv)  # a receiver: the G slices in GPU order, its own in its place
+        rb.dmem("d9", "f32", buf, n)
+        rb.dmem("d11", "f32", out, n)
+        for j, color in enumerate(colors):
+            other, nxt = L("ar_in"), L("ar_next")
+            rb.li("r8", j)
+            rb.bne("GY", "r8", other)
+            if j == 0:
+                rb.vmov("d11", "d9")
+            else:
+                rb.vadd("d11", "d11", "d9")
+            rb.jmp(nxt)
+            rb.label(other)
+            rb.dfin("d10", "f32", color, n)
+            if j == 0:
+                rb.vmov("d11", "d10")
+            else:
+                rb.vadd("d11", "d11", "d10")
+            rb.label(nxt)
+        return out
+
+    def _tp_index(self, reg: str, done: str, form: str) -> None:
+        """reg = the slice this SM handles (X for the chain, its pair X // 2 for the one-shot);
+        an SM left out of the pairs (odd SMs a GPU: the last) jumps to `done`."""
+        rb = self.rb
+        if form == "chain":
+            rb.addi(reg, "X", 0)
             return
-        self.tp_collective(n).emit(self.rb, buf, buf, dregs=("d9", "d10", "d11", "d12"),
-                                   rregs=("r8", "r9"), label=self.labels("ar"))
+        if self.C % 2:
+            rb.li(reg, self.C - 1)
+            rb.bge("X", reg, done)
+        rb.shri(reg, "X", 1)
 
     def emit_allreduce(self, s: Stage) -> None:
         """Sum the partial outputs of row-parallel stage s over the GPUs, in place in each
-        GPU's flow buffers: SM x loads slice x (of every sequence's row, side by side: one
-        allreduce for the B sequences, its link latencies paid once), the column allreduces
-        it, SM x stores it."""
+        GPU's flow buffers: the SM of slice i loads it (of every sequence's row, side by side:
+        one allreduce for the B sequences, its link latencies paid once), the SMs of slice i
+        on all GPUs allreduce it, the SMs holding the sum store it."""
         rb, n, B = self.rb, self.tp_slice(s.out_len), self.B
         buf = self.tp_buf
-        rb.muli("r1", "X", n * 4)
+        done = self.labels("ar_done")
+        self._tp_index("r1", done, self.tp_form)
+        rb.muli("r1", "r1", n * 4)
         for self.seq in range(B):
             self.hbm("r0", s, self.flow(s.out_flows[0]))
             rb.add("r0", "r0", "r1")
             smem(rb, "d1", buf + self.seq * n * 4, n)
             rb.dmald("d1", "r0", 0)
         rb.dmawait(0)
-        self._collective(B * n, buf)
+        out = self._collective(B * n, buf, done, self.tp_form)
         for f in s.out_flows:
             for self.seq in range(B):
                 self.hbm("r0", s, self.flow(f))
                 rb.add("r0", "r0", "r1")
-                smem(rb, "d1", buf + self.seq * n * 4, n)
+                smem(rb, "d1", out + self.seq * n * 4, n)
                 rb.dmast("d1", "r0", 1)
         self.seq = 0
         rb.dmawait(1)
+        rb.label(done)
 
     def tp_block_bytes(self) -> int:
-        """SRAM bytes of the block every allreduce and the logit gather use."""
-        n = [self.tp_slice(s.out_len) * self.B for s in self.plan.stages
+        """SRAM bytes of the block every allreduce and the logit gather use (the one-shot's
+        receivers: their own slice and the sum)."""
+        n = [self.tp_slice(s.out_len) * self.B
+             * (2 if self.tp_form == "oneshot" else 1) for s in self.plan.stages
              if s.id in self.tp.splits and self.tp.splits[s.id].kind == "row"]
-        n += [self.G * self.tp_slice(vg) for _, vg, _ in self.tp.vocab.values()]
+        n += [self.G * self.tp_slice(vg, True) * (2 if self.tp_form_gather == "oneshot" else 1)
+              for _, vg, _ in self.tp.vocab.values()]
         return 4 * max(n, default=1)
 
-    def tp_slice(self, length: int) -> int:
-        """Floats of a length-long vector an SM column allreduces."""
-        return -(-length // self.C)
+    def tp_slice(self, length: int, gather: bool = False) -> int:
+        """Floats of a length-long vector one slice of the allreduce (of the gather) holds."""
+        return -(-length // self.tp_units(gather))
+
+    def tp_span(self, length: int, gather: bool = False) -> int:
+        """Floats of a length-long vector padded to whole slices."""
+        return self.tp_slice(length, gather) * self.tp_units(gather)
 
     def emit_gather(self, s: Stage) -> None:
         """The LM head's logit slices into the logits on GPU 0: SM x puts chunk x of its GPU's
@@ -304,21 +446,22 @@ class HbmTensorParallel:
         SM x stores chunk x of every GPU's slice."""
         rb, L, G = self.rb, self.labels, self.G
         V, vg, name = self.tp.vocab[s.id]
-        n = self.tp_slice(vg)
+        n, form = self.tp_slice(vg, True), self.tp_form_gather
         block = self.tp_buf
+        skip = L("not_gpu0")
+        self._tp_index("r4", skip, form)  # r4: the chunk this SM handles
         smem(rb, "d1", block, G * n)
         rb.vfill("d1", ZF)
-        rb.muli("r1", "X", n * 4)
+        rb.muli("r1", "r4", n * 4)
         self.hbm("r0", s, Ha(self.layout.local_out[s.id],
-                             seq=n * self.C * 4 if self.seq_rt else 0))
+                             seq=self.tp_span(vg, True) * 4 if self.seq_rt else 0))
         rb.add("r0", "r0", "r1")
         rb.muli("r2", "GY", n * 4)
         smem(rb, "d1", block, n)
         rb.daddr("d1", "r2", block)
         rb.dmald("d1", "r0", 0)
         rb.dmawait(0)
-        self._collective(G * n, block)
-        skip = L("not_gpu0")
+        block = self._collective(G * n, block, skip, form)
         rb.bne("GY", ZR, skip)
         out = self.layout.outputs[name]  # GPU 0's range: no base added
         for g in range(G):
@@ -327,7 +470,7 @@ class HbmTensorParallel:
                 continue
             none = L("no_chunk")
             rb.li("r2", rows)
-            rb.muli("r3", "X", n)
+            rb.muli("r3", "r4", n)
             rb.sub("r2", "r2", "r3")  # r2 = rows left from chunk X on
             rb.bge(ZR, "r2", none)
             rb.li("r3", n)

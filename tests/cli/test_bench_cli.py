@@ -286,3 +286,22 @@ def test_compiling_for_an_hbm_machine_makes_a_streaming_kernel(cli, tmp_path):
               "--tokens", "2", "--json", cwd=tmp_path)
     assert run.code == 0, run.stderr
     assert json.loads(run.stdout)["tokens_per_second"] > 0
+
+
+def test_the_comparison_says_a_step_when_a_step_carries_several_sequences():
+    """A GPU reads every weight once a step: a token at B = 1, a token of each sequence when
+    batched, so the B > 1 comparison must not say "every token"."""
+    from wse_emu.emulator.benchreport import compare
+
+    figures = dict(tokens_per_second=100.0, hbm_read_bytes_per_token=2e9,
+                   hbm_write_bytes_per_token=0, weight_bytes_per_token=1.6e9,
+                   seconds_per_token=0.01, hbm_utilisation=0.5,
+                   fabric_link_bytes_per_token=1e6, link_utilisation_max=0.01)
+    machines = {"wafer": dict(kind="mesh", memory_bandwidth=1e15, pes=100),
+                "gpu": dict(kind="hbm", hbm_bandwidth=3e12)}
+    for b, word in ((1, "token"), (4, "step")):
+        cases = [dict(model="m", machine=name, status="ok", sequences=b, figures=figures)
+                 for name in machines]
+        (line,) = compare(cases, machines)
+        assert f"from HBM every {word} " in line and f"of link traffic a {word} " in line
+        assert ("every token" in line) == (b == 1)

@@ -165,20 +165,23 @@ def test_too_many_sequences_for_sram_are_refused_in_one_line(models):
     assert "\n" not in str(e.value) and "fewer sequences" in str(e.value)
 
 
-def test_a_node_allreduces_the_sequences_together(models):
-    """On a node the B sequences' slices go through one allreduce (its 2 link crossings paid
-    once, not once a sequence), while the logit gather runs once a sequence (a loop, whose
+@pytest.mark.parametrize("switch,crossings", [(False, 2), (True, 1)])
+def test_a_node_allreduces_the_sequences_together(models, switch, crossings):
+    """On a node the B sequences' slices go through one allreduce (its link crossings paid
+    once, not once a sequence: 2 for the chain of GPUs joined point to point, 1 for the
+    one-shot through a switch), while the logit gather runs once a sequence (a loop, whose
     gathers may overlap): on 2 GPUs with 3 sequences, a longer link latency costs GPT-2's 4
-    allreduces 2 latencies each, and the gathers between 2 and 3 x 2."""
+    allreduces that many latencies each, and the gathers between 1 and 3 times as many."""
     cycles = {}
-    for latency in (100, 1100):
-        m = dataclasses.replace(node(2), link_latency=latency)
+    for latency in (1100, 2100):
+        m = dataclasses.replace(node(2), link_switch=switch, link_latency=latency)
         program, _ = compile_model(models["gpt2"], m, max_context=MAX_CONTEXT,
                                    shape_only=True, sequences=3)
         gen = Generator(program, m, timing_only=True)
         gen.step_all([1, 2, 3], [0, 1, 2])
         cycles[latency] = gen.last_result.cycles
-    assert (4 * 2 + 2) * 1000 <= cycles[1100] - cycles[100] <= (4 * 2 + 3 * 2) * 1000
+    diff = cycles[2100] - cycles[1100]
+    assert (4 + 1) * crossings * 1000 <= diff <= (4 + 3) * crossings * 1000
 
 
 def test_node_core_agrees_with_the_reference_interpreter(models):

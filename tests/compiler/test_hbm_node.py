@@ -1,8 +1,9 @@
 """Tensor parallelism on a GPU node (isa/compiler/hbm_tp.py): a GPT-2 and a Llama split over
-2 or 4 GPUs generate transformers' greedy ids; the allreduces cross the node's links with the
-bytes their formula says; every GPU streams only its share of the weights and the step never
-beats that share over one GPU's bandwidth; a model too big for one GPU is refused there saying
-how many would hold it, and compiles on such a node.
+2 or 4 GPUs generate transformers' greedy ids, with one-shot allreduces through a switch and
+chains point to point; the allreduces cross the node's links with the bytes their formula
+says, and the formulas predict what the one-shot saves; every GPU streams only its share of
+the weights and the step never beats that share over one GPU's bandwidth; a model too big for
+one GPU is refused there saying how many would hold it, and compiles on such a node.
 
 A GPU cut to a few SMs and a small HBM (dataclasses.replace of h100's) keeps the runs short:
 the kernel is the same for any width, and each GPU's HBM range is hbm_bytes long.
@@ -20,6 +21,7 @@ torch = pytest.importorskip("torch")
 
 from wse_emu.emulator.generate import Generator
 from wse_emu.isa.compiler import compile_model
+from wse_emu.isa.compiler.hbm_tp import allreduce_cycles, allreduce_form, oneshot_cycles
 from wse_emu.isa.compiler.lower import CompileError
 from wse_emu.isa.machine import load_machine, system_of
 from tests.graph.hf_models import load_torch, make_gpt2, make_llama
@@ -50,13 +52,21 @@ def _torch_ids(model_dir, prompt, n):
     return out[0].tolist()[len(prompt):]
 
 
-@pytest.mark.parametrize("family,gpus", [("gpt2", 2), ("llama", 2), ("llama", 4)])
-def test_greedy_ids_match_transformers(family, gpus, models):
+@pytest.mark.parametrize("family,gpus,switch,latency", [
+    ("gpt2", 2, True, None), ("llama", 2, True, None), ("llama", 4, True, None),
+    ("llama", 4, False, None), ("gpt2", 2, True, 100)])
+def test_greedy_ids_match_transformers(family, gpus, switch, latency, models):
     """4 GPUs for the Llama (2 KV heads): each KV head is replicated on the two GPUs whose
-    query heads read it."""
-    m = node(gpus)
+    query heads read it. Through a switch the allreduces are one-shot, point to point
+    chains; with a short latency the logit gather's block is cheaper as a chain."""
+    m = node(gpus, link_switch=switch)
+    if latency:
+        m = dataclasses.replace(m, link_latency=latency)
     program, report = compile_model(models[family], m, max_context=MAX_CONTEXT)
     assert report.fabric == (8, gpus)
+    assert allreduce_form(m, 128)[0] == ("oneshot" if switch else "chain")
+    if latency:
+        assert allreduce_form(m, 256, gpus)[0] == "chain"  # the gather: vocabulary 511
     gen = Generator(program, m)
     got = gen.generate(PROMPT, N_TOKENS).generated_ids
     assert got == _torch_ids(models[family], PROMPT, N_TOKENS)
@@ -84,8 +94,10 @@ def test_timing_only_gives_the_cycles_of_the_functional_run(models):
         assert timing.last_result.hbm_read_bytes == functional.last_result.hbm_read_bytes
 
 
-def test_numba_core_agrees_with_the_reference_interpreter(models):
-    m = node(2, width=3)
+@pytest.mark.parametrize("gpus,switch", [(2, True), (4, True), (2, False)])
+def test_numba_core_agrees_with_the_reference_interpreter(models, gpus, switch):
+    """3 SMs a GPU: the one-shot's one pair and an SM left out."""
+    m = node(gpus, width=3, link_switch=switch)
     program, _ = compile_model(models["llama"], m, max_context=MAX_CONTEXT)
     a, b = Generator(program, m, engine="core"), Generator(program, m, engine="reference")
     for tok in PROMPT[:2]:
@@ -111,35 +123,80 @@ def test_each_gpu_streams_its_share_and_the_step_respects_its_floor(models):
 
 
 def test_the_allreduces_move_the_bytes_of_their_formula(models):
-    """Two allreduces a layer of the hidden vector, n = ceil(hidden / SMs) floats a column:
-    the chain reduce and the broadcast back each cross every link between neighbouring GPUs
-    once a column; the logit gather moves a block of G slices the same way."""
+    """Two allreduces a layer of the hidden vector and the logit gather (a block of G slices).
+    Point to point (chain, n = ceil(hidden / SMs) floats a column): the reduce and the
+    broadcast back each cross every link between neighbouring GPUs once a column. Through a
+    switch (one-shot, n = ceil(hidden / pairs) a pair of SMs): every GPU's port carries G - 1
+    copies of every pair's slice."""
     hidden, layers, vocab = 128, 2, 511
     for gpus in (2, 4):
-        m = node(gpus)
-        program, _ = compile_model(models["gpt2"], m, max_context=MAX_CONTEXT,
-                                   shape_only=True)
-        gen = Generator(program, m, timing_only=True)
-        gen.step(1)
-        n = -(-hidden // m.width)
-        nv = gpus * -(-(-(-vocab // gpus)) // m.width)
-        per_link = 2 * layers * 2 * n * m.width + 2 * nv * m.width  # both directions
-        assert int(gen.last_result.pipe_wavelets.sum()) == (gpus - 1) * per_link
+        for switch in (False, True):
+            m = node(gpus, link_switch=switch)
+            program, _ = compile_model(models["gpt2"], m, max_context=MAX_CONTEXT,
+                                       shape_only=True)
+            gen = Generator(program, m, timing_only=True)
+            gen.step(1)
+            pipes = gen.last_result.pipe_wavelets
+            vg = -(-vocab // gpus)
+            if not switch:
+                n, nv = -(-hidden // m.width), gpus * -(-vg // m.width)
+                per_link = 2 * layers * 2 * n * m.width + 2 * nv * m.width  # both ways
+                assert len(pipes) == 2 * (gpus - 1)
+                assert int(pipes.sum()) == (gpus - 1) * per_link
+            else:
+                pairs = m.width // 2
+                n, nv = -(-hidden // pairs), gpus * -(-vg // pairs)
+                port = (gpus - 1) * pairs * (2 * layers * n + nv)
+                assert pipes.tolist() == [port] * gpus
 
 
-def test_a_longer_link_latency_costs_each_allreduce_its_crossings(models):
-    """Each allreduce waits for 2 x max(root, G - 1 - root) link crossings in a row (reduce
-    toward the middle GPU, broadcast back): on 2 GPUs, 4 allreduces and the logit gather cost
-    exactly 10 link latencies more."""
+@pytest.mark.parametrize("switch,crossings", [(False, 2), (True, 1)])
+def test_a_longer_link_latency_costs_each_allreduce_its_crossings(models, switch, crossings):
+    """Point to point, each allreduce waits for 2 x max(root, G - 1 - root) link crossings in
+    a row (reduce toward the middle GPU, broadcast back); through a switch, one (the one-shot):
+    on 2 GPUs, 4 allreduces and the logit gather cost exactly 10 or 5 latencies more. (At
+    latencies this long the gather is one-shot too; at 100 cycles it would be a chain.)"""
     cycles = {}
-    for latency in (100, 1100):
-        m = dataclasses.replace(node(2), link_latency=latency)
+    for latency in (1100, 2100):
+        m = dataclasses.replace(node(2, link_switch=switch), link_latency=latency)
         program, _ = compile_model(models["gpt2"], m, max_context=MAX_CONTEXT,
                                    shape_only=True)
         gen = Generator(program, m, timing_only=True)
         gen.step(1)
         cycles[latency] = gen.last_result.cycles
-    assert cycles[1100] - cycles[100] == 5 * 2 * 1 * 1000
+    assert cycles[2100] - cycles[1100] == 5 * crossings * 1000
+
+
+@pytest.mark.parametrize("gpus,width", [(2, 8), (4, 8), (4, 16)])
+def test_the_formulas_predict_what_the_one_shot_saves(models, gpus, width):
+    """The same node point to point (chains) and through a switch (one-shots): the step's
+    emulated saving is within 20 % of the formulas' (4 allreduces and the logit gather)."""
+    cycles, pred = {}, 0
+    for switch in (False, True):
+        m = node(gpus, width=width, link_switch=switch)
+        program, _ = compile_model(models["gpt2"], m, max_context=MAX_CONTEXT,
+                                   shape_only=True)
+        gen = Generator(program, m, timing_only=True)
+        gen.step(1)
+        cycles[switch] = gen.last_result.cycles
+        layers, gather = allreduce_form(m, 128), allreduce_form(m, -(-511 // gpus), gpus)
+        assert (layers[0], gather[0]) == (("oneshot",) * 2 if switch else ("chain",) * 2)
+        pred += (1 if not switch else -1) * (4 * layers[2] + gather[2])
+    saved = cycles[False] - cycles[True]
+    assert pred > 0 and abs(saved - pred) <= 0.2 * saved, (saved, pred)
+
+
+def test_the_form_follows_the_cost_formulas():
+    """h100x8 at Llama-3-70B's hidden 8192: the one-shot (one latency, 7 copies of 125 floats
+    a pair over the port) beats the chain (8 latencies); the same node point to point, or one
+    whose latency is negligible beside the copies, keeps the chain."""
+    m = load_machine("h100x8")
+    form, n, t = allreduce_form(m, 8192)
+    assert (form, n) == ("oneshot", 125)
+    assert t == oneshot_cycles(m, 125) < allreduce_cycles(m, 63)  # the chain: 63 a column
+    assert allreduce_form(dataclasses.replace(m, link_switch=False), 8192)[0] == "chain"
+    slow = dataclasses.replace(m, link_latency=1, link_bandwidth=m.link_bandwidth / 100)
+    assert allreduce_form(slow, 8192)[0] == "chain"
 
 
 LLAMA_1K = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 1024,

@@ -3,6 +3,7 @@ chips in the timing model (core and reference), per-GPU HBM, and their statistic
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -69,10 +70,13 @@ def columns(**params):
 
 
 def chip_toml(tmp_path: Path, name: str, *, latency_ns: float = 10.0,
-              bandwidth: float = 1.5e11, height: int = 8, hbm: str = "") -> str:
+              bandwidth: float = 1.5e11, height: int = 8, hbm: str = "",
+              switch: bool = True) -> str:
     """A tiny-like chip in a TOML file with the given [link] figures (and rows, and an
-    optional [hbm] table); its path, to name as PATHxN."""
+    optional [hbm] table; switch=False: chips joined point to point); its path, to name as
+    PATHxN."""
     doc = re.sub(r"(?m)^name = .*$", f'name = "{name}"', TINY)
+    doc = re.sub(r"(?m)^switch = \S+", f"switch = {str(switch).lower()}", doc)
     doc = re.sub(r"(?m)^height = \d+", f"height = {height}", doc)
     doc = re.sub(r"(?m)^bandwidth_bytes_per_s = \S+", f"bandwidth_bytes_per_s = {bandwidth!r}",
                  doc)
@@ -198,6 +202,122 @@ def test_routes_within_a_chip_are_ordinary_links(tall, narrow):
         assert not ex.result.pipe_wavelets.any()
 
 
+# NX columns of row Y0 each send N f32 north to row Y0 - D (when UP) and south to row Y0 + D
+# (when DOWN) in one multicast message
+FANOUT = """
+.param NX = 1
+.param Y0 = 12
+.param D = 8
+.param N = 16
+.param UP = 1
+.param DOWN = 1
+.input v, f32, [NX, N]
+.output out, f32, [(UP + DOWN) * NX, N]
+.if UP * DOWN
+.route 0, Y0, NX, 1, 0, rx=RAMP, tx=N|S
+.elif UP
+.route 0, Y0, NX, 1, 0, rx=RAMP, tx=N
+.else
+.route 0, Y0, NX, 1, 0, rx=RAMP, tx=S
+.endif
+.if UP
+.route 0, Y0 - D + 1, NX, D - 1, 0, rx=S, tx=N
+.route 0, Y0 - D, NX, 1, 0, rx=S, tx=RAMP
+.endif
+.if DOWN
+.route 0, Y0 + 1, NX, D - 1, 0, rx=N, tx=S
+.route 0, Y0 + D, NX, 1, 0, rx=N, tx=RAMP
+.endif
+.region src, 0, Y0, NX, 1
+    .alloc buf, N * 4
+    .piece v, buf, f32, tile=(1, N), row=rx, col=0
+    dmem d0, f32, buf, N
+    dfout d1, f32, 0, N
+    vmov d1, d0
+    halt
+.endregion
+.if UP
+.region north, 0, Y0 - D, NX, 1
+    .alloc acc, N * 4
+    .piece out, acc, f32, tile=(1, N), row=rx, col=0
+    dmem d0, f32, acc, N
+    dfin d1, f32, 0, N
+    vmov d0, d1
+    halt
+.endregion
+.endif
+.if DOWN
+.region south, 0, Y0 + D, NX, 1
+    .alloc acc, N * 4
+    .piece out, acc, f32, tile=(1, N), row=rx + UP * NX, col=0
+    dmem d0, f32, acc, N
+    dfin d1, f32, 0, N
+    vmov d0, d1
+    halt
+.endregion
+.endif
+"""
+
+
+def fanout(**params):
+    return assemble(FANOUT, "fanout.wsa", {k: str(v) for k, v in params.items()}, {})
+
+
+@pytest.mark.parametrize("switch", [True, False])
+def test_two_flows_from_one_chip_share_its_port_only_through_a_switch(tmp_path, switch):
+    """Chip 1 of three sends to chips 0 and 2 at once. Through a switch both copies leave by
+    chip 1's port (its [link] bandwidth, whatever the destination): longer than one flow.
+    Point to point they take two pipes (1 -> 0 and 1 -> 2): as long as one flow."""
+    machine = load_machine(chip_toml(tmp_path, "fan", latency_ns=10.0, bandwidth=2 * CLOCK,
+                                     switch=switch) + "x3")
+    assert machine.link_switch is switch
+    nx, n = 4, 48
+    v = values(nx, n)
+    both_ways = fanout(NX=nx, N=n)
+    one = [cycles(fanout(NX=nx, N=n, UP=up, DOWN=1 - up), machine, v) for up in (0, 1)]
+    two = cycles(both_ways, machine, v)
+    ex = execute(both_ways, machine, {"v": v})
+    ref = execute(both_ways, machine, {"v": v}, engine="reference")
+    same_run(ex, ref)
+    np.testing.assert_array_equal(ex.result.pipe_wavelets, ref.result.pipe_wavelets)
+    np.testing.assert_array_equal(ex.outputs["out"], np.concatenate([v, v]))
+    if switch:
+        # half a wavelet a cycle: the second copy's nx * n wavelets take 2 nx n more cycles
+        assert two - max(one) >= 2 * nx * n - 2
+        assert ex.result.pipe_wavelets.tolist() == [0, 2 * nx * n, 0]
+    else:
+        assert two == max(one)
+        assert ex.result.pipe_wavelets.tolist() == [0, nx * n, nx * n, 0]  # 1 -> 0, 1 -> 2
+
+
+@pytest.mark.parametrize("switch", [True, False])
+def test_a_switch_reaches_a_far_chip_in_one_latency(tmp_path, switch):
+    """Chip 0 to chip 2 of three: through a switch one latency (chip 0's port sends a copy for
+    chip 1's boundary and one for chip 2's, which the switch delivers with no second latency);
+    point to point two, one a boundary, and each pipe carries one copy."""
+    tall = load_machine(chip_toml(tmp_path, "tall3", height=24))
+    machine = load_machine(chip_toml(tmp_path, "far", latency_ns=50.0, switch=switch) + "x3")
+    lat = machine.link_latency
+    for nx, n in ((1, 16), (1, 60), (5, 40)):
+        p = fanout(NX=nx, N=n, Y0=4, D=16, UP=0, DOWN=1)
+        v = values(nx, n)
+        base = cycles(p, tall, v)
+        got = cycles(p, machine, v)
+        if nx == 1:  # one column: the fabric link, not the port, bounds it
+            assert got == base + (lat if switch else 2 * lat)
+        else:  # the port's copies may delay the later columns' heads, by their bytes at most
+            port = math.ceil(2 * nx * n * 4 / machine.link_bytes_per_cycle)
+            low = base + (lat if switch else 2 * lat)
+            assert low <= got <= low + port + 1
+        a = execute(p, machine, {"v": v})
+        b = execute(p, machine, {"v": v}, engine="reference")
+        same_run(a, b)
+        np.testing.assert_array_equal(a.result.pipe_wavelets, b.result.pipe_wavelets)
+        np.testing.assert_array_equal(a.outputs["out"], v)
+        want = [2 * nx * n, 0, 0] if switch else [nx * n, 0, nx * n, 0]
+        assert a.result.pipe_wavelets.tolist() == want
+
+
 ROW_HBM = f"""
 [hbm]
 capacity_bytes = {HBM_BYTES}
@@ -210,12 +330,13 @@ interleave_bytes = 32
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=SLOW_OK)
-@given(seed=st.integers(0, 2**31 - 1), narrow_pipe=st.booleans())
-def test_random_programs_agree_on_a_system(tmp_path, seed, narrow_pipe):
+@given(seed=st.integers(0, 2**31 - 1), narrow_pipe=st.booleans(), switch=st.booleans())
+def test_random_programs_agree_on_a_system(tmp_path, seed, narrow_pipe, switch):
     """The random programs of test_reference_vs_core, exchanging southwards on a system of
-    one-row chips with their own HBM each: every exchange crosses a pipe."""
+    one-row chips with their own HBM each: every exchange crosses a pipe (a port through a
+    switch, a pipe between neighbours point to point)."""
     chip = chip_toml(tmp_path, "row", latency_ns=20.0, height=1, hbm=ROW_HBM,
-                     bandwidth=1.5 * CLOCK if narrow_pipe else 1.5e11)
+                     bandwidth=1.5 * CLOCK if narrow_pipe else 1.5e11, switch=switch)
     machine = load_machine(chip + "x3")
     program = build_program(seed, vertical=True, hbm_per_row=HBM_BYTES)
     a, b = both(program, machine)
@@ -249,13 +370,13 @@ def test_report_shows_the_pipes(wide):
     d = summary(ex.loaded, ex.result)
     s = d["system"]
     assert s["chips"] == 2 and s["link_latency_cycles"] == 11
-    down, up = s["pipes"]
-    assert down["pipe"] == "chip 0 -> 1" and up["pipe"] == "chip 1 -> 0"
+    down, up = s["pipes"]  # tiny's chips meet through a switch: a port a chip
+    assert down["pipe"] == "chip 0 -> switch" and up["pipe"] == "chip 1 -> switch"
     assert down["bytes"] == 4 * 50 * 4 and up["bytes"] == 0
     # 200 wavelets at 1923 ticks each over the run's cycles
     assert down["busy_fraction"] == pytest.approx(200 * 1923 / 65536 / ex.result.cycles,
                                                   abs=1e-6)
-    assert "chip 0 -> 1" in text(d)
+    assert "chip 0 -> switch" in text(d)
     one_chip = execute(columns(NX=1, N=8), "test64", {"v": values(1, 8)})
     assert "system" not in summary(one_chip.loaded, one_chip.result)
 
