@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from wse_emu.emulator.load import PIPE_TICKS, Loaded, hbm_chip_detail, pipe_ticks_per_wavelet
+from wse_emu.emulator.load import (PIPE_TICKS, Loaded, entry_pipe, hbm_chip_detail,
+                                   pipe_ticks_per_wavelet)
 from wse_emu.emulator.result import (
     F_ALIGN, F_COUNT, F_DEST_NOT_MEM, F_DMA_DESC, F_DMA_TAG, F_FABIN_DEST, F_FABOUT_SRC,
     F_HBM_CHIP, F_HBM_RANGE, F_MATRIX_FABRIC, F_NONE, F_OOB,
@@ -612,10 +613,10 @@ class Reference:
             self.link_free[link] = s_t + 1
             self.link_wavelets[link] += k
             self.wavelet_hops += k
-            pipe = int(ld.tree_pipe[e])
+            dest = int(ld.tree_dest[e])
+            pipe = entry_pipe(dest)
             if pipe >= 0:  # a system link: the chips' shared pipe as well
                 s_h, s_t = self.cross_pipe(pipe, s_h, s_t, k)
-            dest = int(ld.tree_dest[e])
             if dest >= 0:
                 deliveries.append((dest, s_h + m.ramp_latency, s_t + m.ramp_latency))
             else:
