@@ -11,7 +11,13 @@ float32 / uint16 views for the kernels: a 390k-PE GPT-2-XL needs the ~10 KB its 
 declares, not the ~38 KB of its largest region. In timing-only mode (`with_data=False`) only
 PEs whose code loads or stores scalars get any (see `load`). HBM is one flat uint8 array of
 the program's HBM footprint (`Loaded.hbm`), filled from its HBM inits (empty in timing-only
-mode).
+mode). A timing-only SRAM holds little but code, so it and its unknown-word map take host
+memory only for the 4 KB pages written (`host_zeros`).
+
+Host memory a PE is budgeted (tests/emulator/test_host_memory.py): the route tables are
+built once, by the walk, in the int32 form the Numba core runs on (`Loaded.tree_of`,
+`Loaded.tree`), which every run shares; the integer registers' initial values are built when
+a run asks (`Loaded.ireg_init`).
 """
 
 from __future__ import annotations
@@ -590,7 +596,8 @@ def link_pipes(m: Machine, grid_w: int, links: np.ndarray) -> np.ndarray:
     """int32 per fabric link id (cell * 5 + port): the system pipe it crosses into, -1 for
     an ordinary link. Chip c holds rows [c * chip_height, (c + 1) * chip_height); the S link
     of c's last row is pipe 2c (c -> c + 1), the N link of row (c + 1) * chip_height (the
-    first row of chip c + 1) is pipe 2c + 1 (c + 1 -> c)."""
+    first row of chip c + 1) is pipe 2c + 1 (c + 1 -> c). The route walk marks these links
+    itself (load_routes.crossing_pipe, Loaded.tree_pipe); this is its vectorised definition."""
     links = np.asarray(links, dtype=np.int64)
     out = np.full(links.shape, -1, dtype=np.int32)
     if m.chips == 1 or not links.size:
