@@ -50,6 +50,7 @@ def entry_pipe(dest: int) -> int:
     """The system pipe of a tree entry whose destination is `dest` (Loaded.tree), else -1."""
     return TREE_PIPE0 - dest if dest <= TREE_PIPE0 else -1
 
+
 OP_DMEM = BY_MNEMONIC["dmem"].opcode
 OP_DFOUT = BY_MNEMONIC["dfout"].opcode
 OP_DFIN = BY_MNEMONIC["dfin"].opcode
@@ -399,8 +400,8 @@ def _load(program: Program, machine: Machine, base_dir: str | None,
         pe_code_start=pe_code_start, pe_code_len=pe_code_len,
         code_op=cat["op"].astype(np.int32), code_a=cat["a"].astype(np.int32),
         code_b=cat["b"].astype(np.int32), code_c=cat["c"].astype(np.int32),
-        code_imm=cat["imm"], code_il=cat["il"], code_ih=cat["ih"],
-pe_stride=stride, sram=sram, grid_w=box.w, grid_h=box.h,
+        code_imm=cat["imm"], code_il=cat["il"], code_ih=cat["ih"], pe_stride=stride,
+        sram=sram, grid_w=box.w, grid_h=box.h,
         pe_of_cell=pe_of_cell, base_dir=base_dir, sram_base=sram_base.astype(np.int64),
         sram_len=footprint[pe_region].astype(np.int64), timing_only=not with_data,
         unknown=np.zeros(0, np.uint8) if with_data else host_zeros(sram.size // 4),
