@@ -599,21 +599,18 @@ class Reference:
         self.messages += 1
         self.wavelets += k
         color = d[COLOR]
-        first = int(ld.tree_start[pe.index * ld.colors + color])
-        count = int(ld.tree_count[pe.index * ld.colors + color])
+        first, count, _ = (int(v) for v in ld.tree_of[pe.index * ld.colors + color])
         head_tail = {}
         root = (start + 1 + m.ramp_latency, end + m.ramp_latency)
         deliveries = []
         for e in range(first, first + count):
-            link = int(ld.tree_link[e])
-            parent = int(ld.tree_parent[e])
+            link, parent, dest = (int(v) for v in ld.tree[e])  # (load.TREE_LINK, ...)
             h, t = root if parent < 0 else head_tail[parent]
             s_h = max(h, int(self.link_free[link]))
             s_t = max(t, s_h + k - 1)
             self.link_free[link] = s_t + 1
             self.link_wavelets[link] += k
             self.wavelet_hops += k
-            dest = int(ld.tree_dest[e])
             pipe = entry_pipe(dest)
             if pipe >= 0:  # a system link: the chips' shared pipe as well
                 s_h, s_t = self.cross_pipe(pipe, s_h, s_t, k)

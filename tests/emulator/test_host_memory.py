@@ -115,3 +115,17 @@ def test_a_timing_only_sram_takes_memory_only_where_written(llama_run):
     assert int(a.sum()) == len(at)  # zeros elsewhere
     small = host_zeros(100)
     assert small.size == 100 and not small.any()
+
+
+def test_the_loader_and_the_core_name_the_same_columns():
+    """The core runs on the loader's tables as they are: their columns must mean the same."""
+    from wse_emu.emulator import core_state as cs, load as ld, load_routes as lr
+
+    assert (ld.TREE_START, ld.TREE_COUNT, ld.TREE_NDEST) == (cs.T_START, cs.T_COUNT,
+                                                             cs.T_NDEST) == \
+        (lr.SLOT_START, lr.SLOT_COUNT, lr.SLOT_NDEST)
+    assert (ld.TREE_LINK, ld.TREE_PARENT, ld.TREE_DEST) == (cs.E_LINK, cs.E_PARENT,
+                                                            cs.E_DEST) == \
+        (lr.ENTRY_LINK, lr.ENTRY_PARENT, lr.ENTRY_DEST)
+    assert ld.TREE_PIPE0 == cs.E_PIPE0 == lr.PIPE0
+    assert [ld.entry_pipe(d) for d in (5, 0, -1, -2, -3, -9)] == [-1, -1, -1, 0, 1, 7]
