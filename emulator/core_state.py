@@ -277,36 +277,12 @@ class Static:
     def __init__(self, loaded: Loaded):
         self.code = decode_table(loaded)
         self.classes = class_table(loaded)
-        # int32: a (PE, color) row per slot, 12 bytes a slot (290 B a PE at 24 colors)
-        self.tree_of = np.zeros((loaded.n_pes * loaded.colors, 3), dtype=np.int32)
-        self.tree_of[:, T_START] = loaded.tree_start
-        self.tree_of[:, T_COUNT] = loaded.tree_count
-        dest = np.asarray(loaded.tree_dest, dtype=np.int64)
-        is_dest = np.concatenate([[0], np.cumsum(dest >= 0)])
-        slots = np.flatnonzero(loaded.tree_start >= 0)  # the senders' slots only
-        first = loaded.tree_start[slots].astype(np.int64)
-        self.tree_of[slots, T_NDEST] = is_dest[first + loaded.tree_count[slots]] - is_dest[first]
-        self.tree = np.zeros((len(dest), 3), dtype=np.int64)
-        self.tree[:, E_LINK] = loaded.tree_link
-        self.tree[:, E_PARENT] = loaded.tree_parent
-        self.tree[:, E_DEST] = dest
-        if len(loaded.tree_pipe) == len(dest):
-            pipe = np.asarray(loaded.tree_pipe, dtype=np.int64)
-            self.tree[pipe >= 0, E_DEST] = E_PIPE0 - pipe[pipe >= 0]
+        # the route tables and the input queues trees deliver to (the only ones a run can
+        # write, so a reset skips the others), as the loader built them: int32, not copied
+        self.tree_of, self.tree, self.queue_slots = loaded.tree_of, loaded.tree, loaded.queue_slots
         self.tree_width = max(1, int(loaded.tree_count.max(initial=0)))
-        # the input queues a run can write: the (PE, color) slots route trees deliver to (a
-        # 64 x 64 gemv has 8 k of its 98 k); the others stay zero, so a reset skips them,
-        colors = loaded.colors
-        count = loaded.tree_count[slots].astype(np.int64)
-        entry = np.repeat(first, count) + (np.arange(count.sum()) -
-                                            np.repeat(np.cumsum(count) - count, count))
-        to = dest[entry]
-        # sorted and distinct by a mark per slot: np.unique sorts the hundreds of millions of
-        # tree entries of a full wafer's program (14 s of a Llama-3-8B step's 20)
-        mark = np.zeros(loaded.n_pes * colors, dtype=np.bool_)
-        mark[(to * colors + np.repeat(slots % colors, count))[to >= 0]] = True
-        self.queue_slots = np.flatnonzero(mark)
-        self.send_hint = send_hints(loaded, dest, slots)
+        slots = np.flatnonzero(loaded.tree_start >= 0)  # the senders' slots
+        self.send_hint = send_hints(loaded, loaded.tree_dest, slots)
         # the columns of the pe table a run starts from (the others start at 0)
         self.pe_start = np.stack([loaded.pe_code_start, loaded.pe_code_len, loaded.sram_base,
                                   loaded.sram_len]).astype(np.int64)
@@ -421,7 +397,7 @@ class State:
         self.hbm_rate = np.array([m.hbm_bytes_per_cycle / max(1, m.hbm_channels)], np.float64)
         # the input queues: only a queue's wavelet count matters while it is 0, so after a run
         # that ended with every queue empty (Static.queues_empty) they are as a run starts them
-        self.queue = fixed.buffer("queue", (n * m.colors, 3), np.int64)
+        self.queue = fixed.buffer("queue", (n * m.colors, 3), np.int32)  # (records < 2**31)
         if not fixed.queues_empty:
             _zero_rows(self.queue, fixed.queue_slots)
         fixed.queues_empty = False  # until this run ends with none queued (core._loop)

@@ -11,12 +11,19 @@ float32 / uint16 views for the kernels: a 390k-PE GPT-2-XL needs the ~10 KB its 
 declares, not the ~38 KB of its largest region. In timing-only mode (`with_data=False`) only
 PEs whose code loads or stores scalars get any (see `load`). HBM is one flat uint8 array of
 the program's HBM footprint (`Loaded.hbm`), filled from its HBM inits (empty in timing-only
-mode).
+mode). A timing-only SRAM holds little but code, so it and its unknown-word map take host
+memory only for the 4 KB pages written (`host_zeros`).
+
+Host memory a PE is budgeted (tests/emulator/test_host_memory.py): the route tables are
+built once, by the walk, in the int32 form the Numba core runs on (`Loaded.tree_of`,
+`Loaded.tree`), which every run shares; the integer registers' initial values are built when
+a run asks (`Loaded.ireg_init`).
 """
 
 from __future__ import annotations
 
 import math
+import mmap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +38,18 @@ from wse_emu.isa.spec import BY_MNEMONIC, DTYPE_BYTES, DTYPE_NAMES, INSTR_BYTES,
 from wse_emu.isa.tensors import TensorError, as_2d, tensor_array
 
 N_PORTS = 5  # links per router: N, E, S, W neighbours, and RAMP down to its own PE
+
+# Columns of Loaded.tree_of and Loaded.tree (load_routes; the core's T_* and E_* are the same),
+# and the destination that marks a link into system pipe k: TREE_PIPE0 - k
+TREE_START, TREE_COUNT, TREE_NDEST = range(3)
+TREE_LINK, TREE_PARENT, TREE_DEST = range(3)
+TREE_PIPE0 = -2
+
+
+def entry_pipe(dest: int) -> int:
+    """The system pipe of a tree entry whose destination is `dest` (Loaded.tree), else -1."""
+    return TREE_PIPE0 - dest if dest <= TREE_PIPE0 else -1
+
 
 OP_DMEM = BY_MNEMONIC["dmem"].opcode
 OP_DFOUT = BY_MNEMONIC["dfout"].opcode
@@ -58,20 +77,22 @@ class Loaded:
     code_imm: np.ndarray  # int64: slot I, sign-extended
     code_il: np.ndarray  # int64: slot IL, unsigned
     code_ih: np.ndarray  # int64: slot IH, signed
-    ireg_init: np.ndarray  # int64 (n_pes, N_IREG_SLOTS): zeros and the read-only specials
     pe_stride: int  # the largest SRAM footprint of any region, rounded up to 8
     sram: np.ndarray  # uint8: the SRAM of every PE that has one, at sram_base[p]
     grid_w: int  # fabric box the program touches (from (0, 0)); link ids = cell * 5 + port
     grid_h: int
     pe_of_cell: np.ndarray  # int32 (grid_h * grid_w,) PE index of a cell, -1 where no code runs
-    tree_start: np.ndarray  # int32 (n_pes * colors,) first entry of the (pe, color) route tree, -1
-    tree_count: np.ndarray  # int32 (n_pes * colors,)
-    tree_link: np.ndarray  # int32 (n_entries,) link the entry reserves
-    tree_parent: np.ndarray  # int32: entry whose router this link leaves from, -1 = source router
-    tree_dest: np.ndarray  # int32: PE index for a RAMP delivery, else -1
+    # The route trees (load_routes.build_trees), as the core runs on them (int32, shared, not
+    # copied): tree_of, a row per (PE, color) slot pe * colors + color: its tree's first entry
+    # (-1: none), entries and RAMP deliveries; tree, a row per entry: the link it reserves, the
+    # entry whose router it leaves from (-1: the source router), and its destination: the PE of
+    # a RAMP delivery, -1 for a link to the next router, TREE_PIPE0 - k for a link into system
+    # pipe k (link_pipes). Column views by name: tree_start ... tree_dest, tree_pipe.
+    tree_of: np.ndarray  # int32 (n_pes * colors, 3)
+    tree: np.ndarray  # int32 (n_entries, 3)
+    # int32, sorted: the (PE, color) input queues some tree delivers to (what a run can write)
+    queue_slots: np.ndarray
     base_dir: str | None  # folder external tensors are relative to
-    # int32 (n_entries,): the system pipe an entry's link crosses into (link_pipes), else -1
-    tree_pipe: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     # int64 (n_pes,): byte offset of every PE's SRAM in `sram` (-1: none), and its size, the
     # footprint of the PE's region rounded up to 8, which is also the limit every address
     # check of the PE uses (in both modes, so faults are the same). Functional: every PE, in
@@ -107,6 +128,45 @@ class Loaded:
     @property
     def colors(self) -> int:
         return self.machine.colors
+
+    @property
+    def ireg_init(self) -> np.ndarray:
+        """int64 (n_pes, N_IREG_SLOTS): the integer registers as a run starts them, zeros and
+        the read-only specials. Built on demand (a run keeps its own copy): 176 bytes a PE that
+        a loaded program need not hold."""
+        return initial_iregs(self.program, self.pe_region, self.pe_x, self.pe_y)
+
+    @property
+    def tree_start(self) -> np.ndarray:
+        """int32 (n_pes * colors,) first entry of the (PE, color) slot's tree, -1: none."""
+        return self.tree_of[:, TREE_START]
+
+    @property
+    def tree_count(self) -> np.ndarray:
+        """int32 (n_pes * colors,) entries of the slot's tree."""
+        return self.tree_of[:, TREE_COUNT]
+
+    @property
+    def tree_link(self) -> np.ndarray:
+        """int32 (n_entries,) the link an entry reserves (cell * 5 + port)."""
+        return self.tree[:, TREE_LINK]
+
+    @property
+    def tree_parent(self) -> np.ndarray:
+        """int32 (n_entries,) the entry whose router the link leaves from, -1: the source's."""
+        return self.tree[:, TREE_PARENT]
+
+    @property
+    def tree_dest(self) -> np.ndarray:
+        """int32 (n_entries,) the PE of a RAMP delivery, else negative (see `tree`)."""
+        return self.tree[:, TREE_DEST]
+
+    @property
+    def tree_pipe(self) -> np.ndarray:
+        """int32 (n_entries,) the system pipe an entry's link crosses into, else -1 (a new
+        array: per entry, decode tree_dest as `entry_pipe` does)."""
+        dest = self.tree_dest
+        return np.where(dest <= TREE_PIPE0, TREE_PIPE0 - dest, -1).astype(np.int32)
 
     @property
     def n_links(self) -> int:
@@ -307,8 +367,7 @@ def _load(program: Program, machine: Machine, base_dir: str | None,
     n = int(sizes.sum())
     pe_region = np.repeat(np.arange(len(regions), dtype=np.int32), sizes)
     local = np.arange(n, dtype=np.int64) - np.concatenate([[0], np.cumsum(sizes)[:-1]])[pe_region]
-    rx, ry, rw, rh = (np.array([getattr(r.rect, k) for r in regions] or [0], dtype=np.int64)
-                      for k in ("x", "y", "w", "h"))
+    rx, ry, rw, _ = _rect_columns(program)
     pe_x = (rx[pe_region] + local % rw[pe_region]).astype(np.int32)
     pe_y = (ry[pe_region] + local // rw[pe_region]).astype(np.int32)
     code_lens = np.array([len(r.code) for r in regions], dtype=np.int32)
@@ -317,14 +376,6 @@ def _load(program: Program, machine: Machine, base_dir: str | None,
     pe_code_len = code_lens[pe_region]
     cat = {k: np.concatenate([np.asarray(f[k], dtype=np.int64) for f in fields] or
                              [np.zeros(0, np.int64)]) for k in ("op", "a", "b", "c", "imm", "il", "ih")}
-
-    ireg = np.zeros((n, N_IREG_SLOTS), dtype=np.int64)
-    ireg[:, SPECIAL_IREGS["X"]] = pe_x - rx[pe_region]
-    ireg[:, SPECIAL_IREGS["Y"]] = pe_y - ry[pe_region]
-    ireg[:, SPECIAL_IREGS["W"]] = rw[pe_region]
-    ireg[:, SPECIAL_IREGS["H"]] = rh[pe_region]
-    ireg[:, SPECIAL_IREGS["GX"]] = pe_x
-    ireg[:, SPECIAL_IREGS["GY"]] = pe_y
 
     pe_of_cell = np.full(box.w * box.h, -1, dtype=np.int32)
     pe_of_cell[pe_y * box.w + pe_x] = np.arange(n, dtype=np.int32)
@@ -340,7 +391,9 @@ def _load(program: Program, machine: Machine, base_dir: str | None,
     region_base = np.where(keeps, np.cumsum(block) - block, -1)
     sram_base = np.where(keeps[pe_region],
                          region_base[pe_region] + local * _round8(footprint)[pe_region], -1)
-    sram = np.zeros(max(8, int(block.sum())), dtype=np.uint8)
+    sram_bytes = max(8, int(block.sum()))
+    # timing-only SRAM is mostly never written (see host_zeros)
+    sram = np.zeros(sram_bytes, dtype=np.uint8) if with_data else host_zeros(sram_bytes)
 
     trees = _build_trees(program, m, box, pe_of_cell, pe_x, pe_y)
     loaded = Loaded(
@@ -348,16 +401,57 @@ def _load(program: Program, machine: Machine, base_dir: str | None,
         pe_code_start=pe_code_start, pe_code_len=pe_code_len,
         code_op=cat["op"].astype(np.int32), code_a=cat["a"].astype(np.int32),
         code_b=cat["b"].astype(np.int32), code_c=cat["c"].astype(np.int32),
-        code_imm=cat["imm"], code_il=cat["il"], code_ih=cat["ih"],
-        ireg_init=ireg, pe_stride=stride, sram=sram, grid_w=box.w, grid_h=box.h,
+        code_imm=cat["imm"], code_il=cat["il"], code_ih=cat["ih"], pe_stride=stride,
+        sram=sram, grid_w=box.w, grid_h=box.h,
         pe_of_cell=pe_of_cell, base_dir=base_dir, sram_base=sram_base.astype(np.int64),
         sram_len=footprint[pe_region].astype(np.int64), timing_only=not with_data,
-        unknown=np.zeros(0 if with_data else sram.size // 4, np.uint8),
+        unknown=np.zeros(0, np.uint8) if with_data else host_zeros(sram.size // 4),
         hbm=np.zeros(_hbm_host_bytes(program, m) if with_data else 0, np.uint8),
         hbm_stride=_hbm_stride(program, m) if with_data else 0, **trees)
     _init_data(loaded)
     _init_hbm(loaded)
     return loaded
+
+
+# Arrays of at least this many bytes that host_zeros maps page by page
+SPARSE_MIN = 1 << 22
+
+
+def host_zeros(nbytes: int) -> np.ndarray:
+    """A zero-filled uint8 array of which only the 4 KB pages written take host memory.
+
+    NumPy asks the kernel for 2 MB pages for arrays of 4 MB or more (madvise), so that a byte
+    written every 37 KB (the code of every PE of an embedding region, in a timing-only SRAM
+    that holds little else) maps all of it: 1.3 GB of a Llama-3-8B step's host memory. Large
+    arrays are anonymous private maps without huge pages instead (reads of pages never written
+    take no memory either); small ones are np.zeros."""
+    if nbytes < SPARSE_MIN:
+        return np.zeros(nbytes, dtype=np.uint8)
+    pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # (even where huge pages are the default)
+        pages.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(pages, dtype=np.uint8)
+
+
+def _rect_columns(program: Program) -> tuple[np.ndarray, ...]:
+    """int64 x, y, w, h of every region's rect (one zero row for a program without any)."""
+    return tuple(np.array([getattr(r.rect, k) for r in program.regions] or [0], dtype=np.int64)
+                 for k in ("x", "y", "w", "h"))
+
+
+def initial_iregs(program: Program, pe_region: np.ndarray, pe_x: np.ndarray,
+                  pe_y: np.ndarray) -> np.ndarray:
+    """int64 (n_pes, N_IREG_SLOTS) integer registers of every PE as a run starts them: zeros,
+    and the read-only specials (X, Y in the region, its W, H, and GX, GY on the fabric)."""
+    rx, ry, rw, rh = _rect_columns(program)
+    ireg = np.zeros((len(pe_region), N_IREG_SLOTS), dtype=np.int64)
+    ireg[:, SPECIAL_IREGS["X"]] = pe_x - rx[pe_region]
+    ireg[:, SPECIAL_IREGS["Y"]] = pe_y - ry[pe_region]
+    ireg[:, SPECIAL_IREGS["W"]] = rw[pe_region]
+    ireg[:, SPECIAL_IREGS["H"]] = rh[pe_region]
+    ireg[:, SPECIAL_IREGS["GX"]] = pe_x
+    ireg[:, SPECIAL_IREGS["GY"]] = pe_y
+    return ireg
 
 
 _SCALAR_MEMORY = {BY_MNEMONIC[m].opcode for m in ("lw", "sw", "flw", "fsw")}
@@ -473,9 +567,11 @@ def _build_trees(program, m, box, pe_of_cell, pe_x, pe_y) -> dict:
     colors = m.colors
     rx, tx = _paint_routes(program, box, colors)
     senders = np.nonzero((rx[:, pe_y, pe_x] & (1 << DIR_RAMP)).T)  # (pe indices, colors)
-    start, count, link, parent, dest, err = lr.build_trees(
+    tree_of, tree, mark, err = lr.build_trees(
         rx, tx, pe_of_cell, senders[0].astype(np.int64), senders[1].astype(np.int64),
-        pe_x.astype(np.int64), pe_y.astype(np.int64), colors, m.width, m.height)
+        pe_x.astype(np.int64), pe_y.astype(np.int64), colors, m.width, m.height,
+        m.chip_height if m.chips > 1 else 0)
+    del rx, tx, senders
     code, color, x0, y0, x, y, port = (int(v) for v in err)
     src = f"color {color} from PE ({x0},{y0})"
     if code == lr.ERR_NOWHERE:
@@ -490,10 +586,16 @@ def _build_trees(program, m, box, pe_of_cell, pe_x, pe_y) -> dict:
                         f"accept wavelets from {DIR_NAMES[port]}")
     if code == lr.ERR_LOOP:
         raise LoadError(f"{src} loops: ({x},{y}) is reached twice")
-    slots = np.flatnonzero(start >= 0)  # every entry's sender row (its tree's source)
-    rows = np.repeat(pe_y[slots // colors], count[slots]) if slots.size else np.zeros(0)
-    return dict(tree_start=start, tree_count=count, tree_link=link, tree_parent=parent,
-                tree_dest=dest, tree_pipe=link_pipes(m, box.w, link, rows, parent))
+    if m.chips > 1 and m.link_switch and tree.shape[0]:
+        # through a switch the walk's point-to-point marks become the sender's port, with its
+        # copies, and relays (link_pipes): every entry's sender row is its tree's source's
+        slots = np.flatnonzero(tree_of[:, TREE_START] >= 0)
+        rows = np.repeat(pe_y[slots // colors], tree_of[slots, TREE_COUNT])
+        crossing = tree[:, TREE_DEST] <= TREE_PIPE0
+        pipes = link_pipes(m, box.w, tree[:, TREE_LINK], rows, tree[:, TREE_PARENT])
+        tree[crossing, TREE_DEST] = TREE_PIPE0 - pipes[crossing]
+    return dict(tree_of=tree_of, tree=tree,
+                queue_slots=np.flatnonzero(mark).astype(np.int32))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -529,7 +631,9 @@ def link_pipes(m: Machine, grid_w: int, links: np.ndarray,
     leaves by s's port, pipe s: the first crossing of a path is that port, carrying a copy for
     every crossing of the route beyond it (PIPE_COPY); those later crossings, which the switch
     delivers directly, are PIPE_RELAY: no pipe, no second latency, and no reservation of the
-    fabric link, which the line of chips has and the switch does not."""
+    fabric link, which the line of chips has and the switch does not. The route walk marks
+    point-to-point crossings itself (load_routes.crossing_pipe, Loaded.tree_pipe); this is
+    their vectorised definition, and _build_trees rewrites them through a switch."""
     links = np.asarray(links, dtype=np.int64)
     out = np.full(links.shape, -1, dtype=np.int32)
     if m.chips == 1 or not links.size:
@@ -675,8 +779,10 @@ def _scatter_bytes(loaded: Loaded, pes: np.ndarray, addr: int, raw: np.ndarray) 
     nbytes = raw.shape[-1]
     for sel, rows, block, unknown in _by_region(loaded, pes):
         block[rows, addr:addr + nbytes] = raw[sel] if raw.ndim == 2 else raw
-        if unknown is not None:
-            unknown[rows, -(-addr // 4):(addr + nbytes) // 4] = 0
+        words = slice(-(-addr // 4), (addr + nbytes) // 4)
+        # (zeros written to words that are zero already would map their pages for nothing)
+        if unknown is not None and unknown[rows, words].any():
+            unknown[rows, words] = 0
 
 
 def _gather_bytes(loaded: Loaded, pes: np.ndarray, addr: int, nbytes: int) -> np.ndarray:

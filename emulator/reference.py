@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from wse_emu.emulator.load import (PIPE_COPY, PIPE_RELAY, PIPE_TICKS, Loaded, hbm_chip_detail,
-                                  pipe_ticks_per_wavelet)
+from wse_emu.emulator.load import (PIPE_COPY, PIPE_RELAY, PIPE_TICKS, Loaded, entry_pipe,
+                                   hbm_chip_detail, pipe_ticks_per_wavelet)
 from wse_emu.emulator.result import (
     F_ALIGN, F_COUNT, F_DEST_NOT_MEM, F_DMA_DESC, F_DMA_TAG, F_FABIN_DEST, F_FABOUT_SRC,
     F_HBM_CHIP, F_HBM_RANGE, F_MATRIX_FABRIC, F_NONE, F_OOB,
@@ -599,16 +599,14 @@ class Reference:
         self.messages += 1
         self.wavelets += k
         color = d[COLOR]
-        first = int(ld.tree_start[pe.index * ld.colors + color])
-        count = int(ld.tree_count[pe.index * ld.colors + color])
+        first, count, _ = (int(v) for v in ld.tree_of[pe.index * ld.colors + color])
         head_tail = {}
         root = (start + 1 + m.ramp_latency, end + m.ramp_latency)
         deliveries = []
         for e in range(first, first + count):
-            link = int(ld.tree_link[e])
-            parent = int(ld.tree_parent[e])
+            link, parent, dest = (int(v) for v in ld.tree[e])  # (load.TREE_LINK, ...)
             h, t = root if parent < 0 else head_tail[parent]
-            pipe = int(ld.tree_pipe[e])
+            pipe = entry_pipe(dest)
             if pipe == PIPE_RELAY:  # the switch relays it: no link of the line of chips
                 s_h, s_t = h, max(t, h + k - 1)
             else:
@@ -620,7 +618,6 @@ class Reference:
             if 0 <= pipe < PIPE_RELAY:  # a system link: the chips' shared pipe as well (through a
                 copies = 1 + pipe // PIPE_COPY  # switch, the sender's port: a copy a chip)
                 s_h, s_t = self.cross_pipe(pipe % PIPE_COPY, s_h, s_t, k * copies)
-            dest = int(ld.tree_dest[e])
             if dest >= 0:
                 deliveries.append((dest, s_h + m.ramp_latency, s_t + m.ramp_latency))
             else:

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from wse_emu.emulator.api import execute
-from wse_emu.emulator.load import LoadError, load, region_footprints, write_input
+from wse_emu.emulator.load import (LoadError, entry_pipe, link_pipes, load, region_footprints,
+                                   write_input)
 from wse_emu.isa.machine import load_machine
 from wse_emu.emulator.result import F_OOB, F_SCALAR_MEM, RUN_FAULT, RUN_HALTED
 from wse_emu.isa.builder import ProgramBuilder
@@ -183,3 +184,32 @@ def test_malformed_route_trees_are_one_line_errors(rules, regions, message):
     with pytest.raises(LoadError) as e:
         load(_routes(*rules, regions=regions), load_machine("tiny"))
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("y0, y1", [(6, 9), (9, 6), (0, 7), (8, 15)])
+def test_the_walk_marks_system_links_as_link_pipes_defines_them(tmp_path, y0, y1):
+    """The loader marks the links into a pipe between chips (the walk's load_routes.crossing_pipe,
+    rewritten through a switch) as the vectorised load.link_pipes defines them, point to point
+    and through a switch; on one chip there are none."""
+    from tests.emulator.test_system_links import chip_toml, columns
+
+    program = columns(NX=3, Y0=y0, Y1=y1, N=4)
+    two = load_machine(chip_toml(tmp_path, "two") + "x2")
+    p2p = load_machine(chip_toml(tmp_path, "p2p", switch=False) + "x2")
+    tall = load_machine(chip_toml(tmp_path, "tall", height=16))
+    crossed = 3 * ((y0 < 8) != (y1 < 8))
+    for machine, crossings in ((two, crossed), (p2p, crossed), (tall, 0)):
+        ld = load(program, machine)
+        senders = np.flatnonzero(ld.tree_start >= 0)
+        rows = np.repeat(ld.pe_y[senders // ld.colors], ld.tree_count[senders])
+        pipes = link_pipes(machine, ld.grid_w, ld.tree_link, rows, ld.tree_parent)
+        np.testing.assert_array_equal(ld.tree_pipe, pipes)
+        assert int((pipes >= 0).sum()) == crossings
+        assert [entry_pipe(int(d)) for d in ld.tree_dest] == pipes.tolist()
+        # RAMP entries deliver, the others do not; every delivery's queue is marked
+        delivers = ld.tree_dest >= 0
+        assert (delivers == (ld.tree_link % 5 == DIR_RAMP)).all()
+        slots = ld.tree_dest[delivers].astype(np.int64) * ld.colors
+        assert set(ld.queue_slots.tolist()) == set(slots.tolist())  # (all on color 0)
+        senders = ld.tree_start >= 0
+        assert ld.tree_of[senders, 2].sum() == delivers.sum()
