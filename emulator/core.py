@@ -7,9 +7,9 @@ The jitted loop (core_sched.run_slice) works on the arrays of a core_state.State
 parts State.parts builds, and returns here about every SLICE_SECONDS of host time, and whenever
 a pool must grow; the driver grows it and re-enters. Returning is what lets Python act on a
 signal: Python only runs its SIGINT handler between bytecodes, so a Ctrl-C during a run raises
-KeyboardInterrupt here within a slice, out of `run` (a helper thread is stopped first, see _drive). It is also where
-`progress(cycles, instructions)` is called, about every PROGRESS_SECONDS. Slices change nothing
-a run computes: all state stays in the arrays.
+KeyboardInterrupt here within a slice, out of `run` (a helper thread is stopped first, see
+_drive). It is also where `progress(cycles, instructions)` is called, about every
+PROGRESS_SECONDS. Slices change nothing a run computes: all state stays in the arrays.
 
 PEs run ahead through local instructions by default (core_sched explains why that is exact). A
 run that ends in a fault is the exception: PEs other than the faulting one may have run past

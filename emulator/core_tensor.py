@@ -2,7 +2,8 @@
 they have fabric inputs, docs/timing-model.md section 6) and tile matrix products.
 
 Operands are gathered into fp32 scratch rows first and results written back after the kernel
-(through core_sram's gateway), so a destination may alias a source. The numbers come from kernels/, as in the reference.
+(through core_sram's gateway), so a destination may alias a source. The numbers come from
+kernels/, as in the reference.
 """
 
 import numpy as np
