@@ -3,13 +3,13 @@ interpreter, emulator/reference.py) defines, fast.
 
     result = run(loaded, max_cycles=None, trace=False, trace_cap=1_000_000, progress=None)
 
-The jitted loop (core_sched.run_slice) works on the arrays of a core_state.State and returns
-here about every SLICE_SECONDS of host time, and whenever a pool must grow; the driver grows it
-and re-enters. Returning is what lets Python act on a signal: Python only runs its SIGINT
-handler between bytecodes, so a Ctrl-C during a run raises KeyboardInterrupt here within a
-slice, out of `run` (a helper thread is stopped first, see _drive). It is also where
-`progress(cycles, instructions)` is called, about every PROGRESS_SECONDS. Slices change nothing
-a run computes: all state stays in the arrays.
+The jitted loop (core_sched.run_slice) works on the arrays of a core_state.State, in the named
+parts State.parts builds, and returns here about every SLICE_SECONDS of host time, and whenever
+a pool must grow; the driver grows it and re-enters. Returning is what lets Python act on a
+signal: Python only runs its SIGINT handler between bytecodes, so a Ctrl-C during a run raises
+KeyboardInterrupt here within a slice, out of `run` (a helper thread is stopped first, see
+_drive). It is also where `progress(cycles, instructions)` is called, about every
+PROGRESS_SECONDS. Slices change nothing a run computes: all state stays in the arrays.
 
 PEs run ahead through local instructions by default (core_sched explains why that is exact). A
 run that ends in a fault is the exception: PEs other than the faulting one may have run past
@@ -264,7 +264,7 @@ def _loop(state: State, progress) -> None:
             steps, deadline = budget, NO_DEADLINE
         else:
             steps, deadline = FULL_BUDGET, int(cycle_counter()) + int(SLICE_SECONDS * rate)
-        code = run_slice(*state.args(), steps, deadline)
+        code = run_slice(*state.parts(), steps, deadline)
         if state.mp[MP_ASYNC]:  # no product outstanding outside the loop
             drain(state.pe, state.jobs, state.jdsd, state.ctl, state.sram_f32, state.sram_u16,
                   state.scratch)

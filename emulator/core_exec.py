@@ -7,13 +7,16 @@ recorded in the PE's P_FAULT column and leaves its state untouched (pc on the fa
 instruction): the scheduler reports it when that PE's key comes first, so that the first fault
 in (clock, PE) order wins even when PEs run ahead.
 An instruction that needs a bigger pool or buffer returns X_GROW before changing anything and
-is retried after the driver has grown it. All arithmetic is done by kernels/.
+is retried after the driver has grown it. All arithmetic is done by kernels/; SRAM is read and
+written through the gateway in core_sram.py (the undo log, timing-only marks, the helper's ring).
+Executors take the state's parts (core_state.PARTS: const, sched, mem, fab, far).
 """
 
 import numpy as np
 from numba import njit
 
 from wse_emu.emulator.core_fabric import need
+from wse_emu.emulator.core_jobs import borrowed
 from wse_emu.emulator.core_ops import OPERAND_ROLES, R_DST, R_DST_MEM, R_SRC0, R_SRC1
 from wse_emu.emulator.core_state import (
     CK_FMAC, CK_MOVE, CK_SPECIAL, D_ADDR, D_COLOR, D_COUNT, D_CSTRIDE, D_DTYPE, D_KIND, D_LEN,
@@ -26,16 +29,15 @@ from wse_emu.emulator.core_state import (
     S_LI, S_LW, S_MATRIX, S_MOV, S_MUL, S_MULI, S_OR, S_REM, S_SHLI, S_SHRI,
     S_SLT, S_SUB, S_SW, S_TENSOR, S_XOR, V_CONVERT, V_F16, V_F32, V_MIXED, V_SPECIAL, X_FAULT,
     S_DMALD, S_DMAST, H_BUSY, H_FREE, HBM_TICKS, K_HBM_READ, K_HBM_WRITE, MP_HBM_BYTES,
-    MP_HBM_CH, MP_HBM_IL, MP_HBM_LAT, MP_ISSUE, MP_UNDO, P_DMASTALL, P_TAG0, X_GROW, X_OK,
+    MP_HBM_CH, MP_HBM_IL, MP_HBM_LAT, MP_ISSUE, P_CODELEN, P_DMASTALL, P_TAG0, X_GROW, X_OK,
     MP_CHIP_H, MP_HBM_CHIP, MP_HBM_HOST)
-from wse_emu.emulator.core_undo import note_write, undo_fits
+from wse_emu.emulator.core_sram import mem_bytes, store_dma, store_f32, store_i32
 from wse_emu.emulator.result import (F_ALIGN, F_COUNT, F_DEST_NOT_MEM, F_DMA_DESC, F_DMA_TAG,
                              F_FABIN_DEST, F_FABOUT_SRC, F_HBM_CHIP, F_HBM_RANGE, F_OOB,
                              F_SAME_COLOR,
                              F_SCALAR_MEM, F_TARGET, F_TIMING_DATA, ST_HALT)
 from wse_emu.isa.spec import DSD_FABIN, DSD_FABOUT, DSD_MEM, DTYPES, N_DMA_TAGS, SPECIAL_IREGS
 from wse_emu.kernels import scalar
-from wse_emu.kernels.access import gather, scatter
 from wse_emu.kernels.convert import f32_from_bits
 
 DT_F32 = DTYPES["f32"]
@@ -72,25 +74,6 @@ def _word_index(pe, p, addr):
     return (pe[p, P_SRAM0] + addr) // 4
 
 
-@njit(cache=True, inline="always")
-def mark_unknown(unknown, pe, p, dsd, r, first, k):
-    """Timing-only mode: elements first .. first + k - 1 of PE p's SRAM descriptor r (checked)
-    now hold values computed from data: mark their words in the `unknown` map (Loaded.unknown;
-    only PEs that have SRAM keep one, the others have no scalar access that could look)."""
-    base = pe[p, P_SRAM0]
-    if base < 0 or k <= 0:
-        return
-    size = 4 if dsd[p, r, D_DTYPE] == DT_F32 else 2
-    addr = base + dsd[p, r, D_ADDR]
-    n, stride, cstride = dsd[p, r, D_LEN], dsd[p, r, D_STRIDE], dsd[p, r, D_CSTRIDE]
-    if stride == 1 and (dsd[p, r, D_COUNT] == 1 or cstride == n):  # contiguous
-        lo = addr + first * size
-        unknown[lo >> 2:((lo + k * size - 1) >> 2) + 1] = 1
-        return
-    for i in range(first, first + k):
-        unknown[(addr + ((i // n) * cstride + (i % n) * stride) * size) >> 2] = 1
-
-
 @njit(cache=True)
 def _trunc_div(a, b):
     """a / b rounded toward zero with int64 wrap-around (b != 0)."""
@@ -103,8 +86,9 @@ def _trunc_div(a, b):
 
 
 @njit(cache=True, inline="always")
-def exec_int(p, sem, a, b, c, imm, pc, code_len, pe, ireg, sram_i32, sram_u16, unknown, undo,
-             undo_data, counters, mp):
+def exec_int(p, sem, a, b, c, imm, pc, const, sched, mem):
+    pe, ireg, counters, mp = sched.pe, sched.ireg, sched.counters, const.mp
+    code_len = pe[p, P_CODELEN]
     nxt = pc + 1
     if sem == S_HALT:
         pe[p, P_STATUS] = ST_HALT
@@ -163,20 +147,17 @@ def exec_int(p, sem, a, b, c, imm, pc, code_len, pe, ireg, sram_i32, sram_u16, u
         if w < 0:
             return -F_SCALAR_MEM
         if sem == S_LW:
-            if mp[MP_TIMING] and unknown[w]:
+            if mp[MP_TIMING] and mem.unknown[w]:
                 return -F_TIMING_DATA
-            ireg[p, a] = np.int64(sram_i32[w])
+            ireg[p, a] = np.int64(mem.sram_i32[w])
         else:
-            note_write(p, addr, addr + 4, pe, sram_u16, undo, undo_data, counters, mp)
-            sram_i32[w] = np.int32(ireg[p, a] & 0xFFFFFFFF)
-            if mp[MP_TIMING]:
-                unknown[w] = 0
+            store_i32(p, addr, w, np.int32(ireg[p, a] & 0xFFFFFFFF), const, sched, mem)
     return nxt
 
 
 @njit(cache=True, inline="always")
-def exec_float(p, sem, a, b, c, imm, pc, pe, ireg, freg, sram_f32, sram_u16, unknown, undo,
-               undo_data, counters, mp):
+def exec_float(p, sem, a, b, c, imm, pc, const, sched, mem):
+    pe, ireg, freg, mp = sched.pe, sched.ireg, sched.freg, const.mp
     if mp[MP_TIMING] and sem == S_FTOI and (pe[p, P_FTAINT] >> b) & 1:
         return -F_TIMING_DATA  # an integer (a count, an address) from computed data
     if sem == S_FLI:
@@ -212,17 +193,14 @@ def exec_float(p, sem, a, b, c, imm, pc, pe, ireg, freg, sram_f32, sram_u16, unk
         if w < 0:
             return -F_SCALAR_MEM
         if sem == S_FLW:
-            freg[p, a] = sram_f32[w]
+            freg[p, a] = mem.sram_f32[w]
             if mp[MP_TIMING]:  # a float from computed data is only unknown, not yet a problem
                 bit = np.int64(1) << a
-                pe[p, P_FTAINT] = (pe[p, P_FTAINT] | bit) if unknown[w] else \
+                pe[p, P_FTAINT] = (pe[p, P_FTAINT] | bit) if mem.unknown[w] else \
                     (pe[p, P_FTAINT] & ~bit)
                 return pc + 1
         else:
-            note_write(p, addr, addr + 4, pe, sram_u16, undo, undo_data, counters, mp)
-            sram_f32[w] = freg[p, a]
-            if mp[MP_TIMING]:
-                unknown[w] = (pe[p, P_FTAINT] >> a) & 1
+            store_f32(p, addr, w, freg[p, a], (pe[p, P_FTAINT] >> a) & 1, const, sched, mem)
     if mp[MP_TIMING]:
         _taint(p, sem, a, b, c, pe)
     return pc + 1
@@ -242,7 +220,8 @@ def _taint(p, sem, a, b, c, pe):
 
 
 @njit(cache=True, inline="always")
-def exec_desc(p, sem, a, b, c, imm, il, ih, pe, ireg, dsd):
+def exec_desc(p, sem, a, b, c, imm, il, ih, sched):
+    pe, ireg, dsd = sched.pe, sched.ireg, sched.dsd
     if sem == S_DMEM or sem == S_DFIN or sem == S_DFOUT:
         bits = np.int64(1) << a | np.int64(1) << (FABOUT_BIT + a)
         pe[p, P_FABRIC] &= ~bits
@@ -297,20 +276,6 @@ def elements(dsd, p, r):
 
 
 @njit(cache=True, inline="always")
-def mem_bytes(dsd, p, r):
-    """[lo, hi) bytes of PE p's SRAM that SRAM descriptor r touches (after check_mem)."""
-    size = 4 if dsd[p, r, D_DTYPE] == DT_F32 else 2
-    addr = dsd[p, r, D_ADDR]
-    n, count = dsd[p, r, D_LEN], dsd[p, r, D_COUNT]
-    if n == 0 or count == 0:
-        return addr, addr
-    inner = (n - 1) * dsd[p, r, D_STRIDE]
-    outer = (count - 1) * dsd[p, r, D_CSTRIDE]
-    return (addr + (min(0, inner) + min(0, outer)) * size,
-            addr + (max(0, inner) + max(0, outer) + 1) * size)
-
-
-@njit(cache=True, inline="always")
 def check_mem(dsd, p, r, limit):
     """0, or the fault of an SRAM descriptor that is misaligned or reaches outside the SRAM
     (bytes 0 .. limit - 1: the footprint of the PE's region, pe[p, P_SRAM_LEN])."""
@@ -345,20 +310,6 @@ def simd_variant(kind, d0, d1, d2, nd):
     if kind == CK_MOVE and mixed:
         return V_CONVERT
     return V_F32 if any32 else V_F16
-
-
-@njit(cache=True, inline="always")
-def _read_mem(dsd, p, r, first, k, out, sram_f32, sram_u16, base):
-    gather(sram_f32, sram_u16, base + dsd[p, r, D_ADDR], dsd[p, r, D_LEN],
-           dsd[p, r, D_STRIDE], dsd[p, r, D_COUNT], dsd[p, r, D_CSTRIDE], dsd[p, r, D_DTYPE],
-           first, k, out)
-
-
-@njit(cache=True, inline="always")
-def _write_mem(dsd, p, r, first, k, vals, sram_f32, sram_u16, base):
-    scatter(sram_f32, sram_u16, base + dsd[p, r, D_ADDR], dsd[p, r, D_LEN],
-            dsd[p, r, D_STRIDE], dsd[p, r, D_COUNT], dsd[p, r, D_CSTRIDE], dsd[p, r, D_DTYPE],
-            first, k, vals)
 
 
 @njit(cache=True, inline="always")
@@ -504,10 +455,12 @@ def hbm_reserve(t0, addr, nbytes, mp, hbm_ch, rate, ch0):
 
 
 @njit(cache=True)
-def exec_dma(p, sem, a, b, tag, cls, pe, ireg, dsd, sram_u16, unknown, undo, undo_data, mp,
-             trace, counters, hbm, hbm_ch, hbm_rate):
+def exec_dma(p, sem, a, b, tag, cls, const, sched, mem, far):
     """dmald / dmast: check (the reference's order), copy the raw bytes at once (functional),
     reserve the channels, note the tag's completion; an X_* code."""
+    const, sched, mem, far = borrowed(const), borrowed(sched), borrowed(mem), borrowed(far)
+    pe, ireg, dsd, trace, counters = sched.pe, sched.ireg, sched.dsd, sched.trace, sched.counters
+    mp, hbm = const.mp, far.hbm
     if tag >= N_DMA_TAGS:
         return _fault(pe, p, F_DMA_TAG)
     if dsd[p, a, D_KIND] != DSD_MEM or dsd[p, a, D_STRIDE] != 1 or \
@@ -538,26 +491,15 @@ def exec_dma(p, sem, a, b, tag, cls, pe, ireg, dsd, sram_u16, unknown, undo, und
         if addr - own + nbytes > mp[MP_HBM_HOST]:
             return _fault(pe, p, F_HBM_RANGE)
         host = chip * mp[MP_HBM_HOST] + addr - own
-    lo = dsd[p, a, D_ADDR]
-    timing = mp[MP_TIMING] != 0
-    if sem == S_DMALD and not timing and mp[MP_UNDO] and \
-            not undo_fits(p, lo, lo + nbytes, pe, undo, undo_data, counters):
-        return X_GROW
     if not room_for_trace(mp, trace, counters):
         return X_GROW
     if sem == S_DMALD:
-        if timing:
-            mark_unknown(unknown, pe, p, dsd, a, 0, n)
-        else:
-            note_write(p, lo, lo + nbytes, pe, sram_u16, undo, undo_data, counters, mp)
-            w = (pe[p, P_SRAM0] + lo) // 2
-            for i in range(nbytes // 2):
-                sram_u16[w + i] = np.uint16(hbm[host + 2 * i]) | \
-                    (np.uint16(hbm[host + 2 * i + 1]) << np.uint16(8))
+        store_dma(p, a, n, nbytes, hbm, host, const, sched, mem)
         counters[K_HBM_READ] += nbytes
     else:
-        if not timing:
-            w = (pe[p, P_SRAM0] + lo) // 2
+        if mp[MP_TIMING] == 0:
+            sram_u16 = mem.sram_u16
+            w = (pe[p, P_SRAM0] + dsd[p, a, D_ADDR]) // 2
             for i in range(nbytes // 2):
                 v = sram_u16[w + i]
                 hbm[host + 2 * i] = np.uint8(v & 0xFF)
@@ -567,7 +509,8 @@ def exec_dma(p, sem, a, b, tag, cls, pe, ireg, dsd, sram_u16, unknown, undo, und
     t0 = start + mp[MP_ISSUE]
     pe[p, P_CLOCK] = t0
     pe[p, P_BUSY] += mp[MP_ISSUE]
-    done = hbm_reserve(t0, addr - own, nbytes, mp, hbm_ch, hbm_rate[0], chip * mp[MP_HBM_CH])
+    done = hbm_reserve(t0, addr - own, nbytes, mp, far.hbm_ch, far.hbm_rate[0],
+                       chip * mp[MP_HBM_CH])
     if done > pe[p, P_TAG0 + tag]:
         pe[p, P_TAG0 + tag] = done
     finish_chunk(p, cls, 0, 0, start, t0, pe, mp, trace, counters)

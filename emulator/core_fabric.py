@@ -251,12 +251,14 @@ def cross_pipe(link, row, s_h, s_t, k, mp):
 
 
 @njit(cache=True, inline="always")
-def send(p, color, dtype, vals, k, start, end, pe, mp, tree_of, tree, tree_tmp, queue, link,
-         dl, msg, payload, counters, wake, nwake):
+def send(p, color, dtype, vals, k, start, end, mp, sched, fab, nwake):
     """Send k wavelets from PE p on `color`, produced between cycles start and end: reserve
     every link of the route tree (one injection for a multicast), deliver to every RAMP leaf,
     and block p on backpressure if a queue overflows. Returns the new number of PEs to wake.
     Timing-only mode: the message has no payload (nothing reads one; the pool stays empty)."""
+    pe, counters, wake = sched.pe, sched.counters, sched.wake
+    tree_of, tree, tree_tmp, queue, link = fab.tree_of, fab.tree, fab.tree_tmp, fab.queue, fab.link
+    dl, msg, payload = fab.dl, fab.msg, fab.payload
     colors = mp[MP_COLORS]
     ramp = mp[MP_RAMP]
     hop = mp[MP_HOP]

@@ -8,7 +8,7 @@ as a job in a ring (`jobs`: the operands' descriptors are copied, so later descr
 not matter) instead of computing it, marks the PE (pe[p, P_PENDING] = job number + 1) and the
 PE goes on. The helper thread (`worker`, compiled nogil) claims published jobs in order and
 runs them. Before the PE executes anything that reads or writes its SRAM (scalar loads and
-stores, DMA, tensor and matrix ops: `touches_sram`), `settle` makes sure its job is done: it
+stores, DMA, tensor and matrix ops: core_sram.sram_gate), `settle` makes sure its job is done: it
 claims the job itself if the helper has not started it; if the helper is running it, the loop
 runs the newest jobs nobody has started until it is done (spinning instead would idle the loop
 for millions of turns in the gemv, where the helper is bound by DRAM; taking the oldest ones,
@@ -34,14 +34,12 @@ timing-only or traced runs) MP_ASYNC is 0 and matrix_op computes at once, as bef
 from numba import njit, types
 from numba.extending import intrinsic
 
-from wse_emu.emulator.core_exec import _read_mem, _write_mem
 from wse_emu.emulator.core_state import (
-    CT_DONE, CT_HEAD, CT_HELPED, CT_OUT, CT_SEEN, CT_STOLEN, CT_STOP, D_ADDR, D_CSTRIDE, D_DTYPE,
-    D_STRIDE, J_BASE, J_CLAIMED, J_DONE, J_FREE, J_KCOLS, J_MROWS, J_NCOLS, J_P, J_READY, J_SEM,
-    J_SEQ, J_STATE, J_TOTAL, P_PENDING, S_DMA, S_DMAWAIT, S_FLW, S_FSW, S_LW, S_MMA, S_MV, S_MVA,
-    S_SW, S_TENSOR)
+    CT_DONE, CT_HEAD, CT_HELPED, CT_OUT, CT_SEEN, CT_STOLEN, CT_STOP, D_ADDR, D_COUNT, D_CSTRIDE,
+    D_DTYPE, D_LEN, D_STRIDE, J_BASE, J_CLAIMED, J_DONE, J_FREE, J_KCOLS, J_MROWS, J_NCOLS, J_P,
+    J_READY, J_SEM, J_SEQ, J_STATE, J_TOTAL, P_PENDING, S_MMA, S_MV, S_MVA)
 from wse_emu.kernels import matrix
-from wse_emu.kernels.access import DT_F32
+from wse_emu.kernels.access import DT_F32, gather, scatter
 from wse_emu.kernels.prefetch import prefetch_span, prefetch_write
 
 PREFETCH_WORDS = 8 * 32  # of a job's x and y, at most (8 lines, 512 bytes)
@@ -102,27 +100,51 @@ def atomic_cas(typingctx, arr, index, expected, new):
     return types.boolean(arr, index, expected, new), codegen
 
 
+def _view(context, builder, ty, value):
+    src = context.make_array(ty)(context, builder, value)
+    view = context.make_array(ty)(context, builder)
+    context.populate_array(view, data=src.data, shape=src.shape, strides=src.strides,
+                           itemsize=src.itemsize, meminfo=None, parent=None)
+    return view._getvalue()
+
+
 @intrinsic
 def borrowed(typingctx, arr):
-    """A view of `arr` with no owner to reference-count (valid while the caller holds arr).
+    """A view of `arr` with no owner to reference-count (valid while the caller holds arr);
+    of a tuple of arrays (a part of the state, core_state.PARTS), the tuple of such views.
 
     Numba reference-counts every array that enters a function it calls (an atomic increment
     and decrement of the array's owner each): a loop that works on borrowed views pays none
     of that (core_sched.run_slice, worker)."""
-    def codegen(context, builder, sig, args):
-        src = context.make_array(sig.args[0])(context, builder, args[0])
-        view = context.make_array(sig.return_type)(context, builder)
-        context.populate_array(view, data=src.data, shape=src.shape, strides=src.strides,
-                               itemsize=src.itemsize, meminfo=None, parent=None)
-        return view._getvalue()
-    return arr(arr), codegen
+    if isinstance(arr, types.Array):
+        def codegen(context, builder, sig, args):
+            return _view(context, builder, sig.args[0], args[0])
+        return arr(arr), codegen
+    if isinstance(arr, types.BaseTuple) and all(isinstance(t, types.Array) for t in arr.types):
+        def codegen_tuple(context, builder, sig, args):
+            out = args[0]
+            for i, t in enumerate(sig.args[0].types):
+                out = builder.insert_value(
+                    out, _view(context, builder, t, builder.extract_value(args[0], i)), i)
+            return out
+        return arr(arr), codegen_tuple
+    return None
 
 
 @njit(cache=True, inline="always")
-def touches_sram(sem):
-    """Whether an instruction of semantic id `sem` may read or write its PE's SRAM."""
-    return (sem >= S_TENSOR or sem == S_LW or sem == S_SW or sem == S_FLW or sem == S_FSW
-            or (S_DMA <= sem < S_DMAWAIT))
+def _read_mem(dsd, p, r, first, k, out, sram_f32, sram_u16, base):
+    gather(sram_f32, sram_u16, base + dsd[p, r, D_ADDR], dsd[p, r, D_LEN],
+           dsd[p, r, D_STRIDE], dsd[p, r, D_COUNT], dsd[p, r, D_CSTRIDE], dsd[p, r, D_DTYPE],
+           first, k, out)
+
+
+@njit(cache=True, inline="always")
+def _write_mem(dsd, p, r, first, k, vals, sram_f32, sram_u16, base):
+    """The product's write to y, on whichever thread ran it: the gateway (core_sram) logged
+    y's old contents when the product was published."""
+    scatter(sram_f32, sram_u16, base + dsd[p, r, D_ADDR], dsd[p, r, D_LEN],
+            dsd[p, r, D_STRIDE], dsd[p, r, D_COUNT], dsd[p, r, D_CSTRIDE], dsd[p, r, D_DTYPE],
+            first, k, vals)
 
 
 @njit(cache=True, inline="always")

@@ -19,10 +19,11 @@ with 900k PEs, far beyond what a run can reach in hours of host time).
 
 Speed: Numba reference-counts every array that enters a function or an inlined body (an atomic
 increment and decrement per array), which with two dozen state arrays cost more than the
-instructions themselves. `run_slice` therefore works on *borrowed* views of its arguments,
-array structs without a reference-counted owner, for which those operations compile away;
-the driver holds the real arrays for the whole call. Executors are inlined into the loop so
-that their many array arguments are not copied on every call.
+instructions themselves. `run_slice` therefore works on *borrowed* views of its arguments
+(the state's parts, core_state.PARTS, each a namedtuple of arrays), array structs without a
+reference-counted owner, for which those operations compile away; the driver holds the real
+arrays for the whole call. Executors are inlined into the loop so that the parts they take
+are not copied on every call.
 
 On a large mesh the per-PE rows a visit touches are in DRAM, and so are the SRAM operands of
 its first tensor op: the loop prefetches (kernels.prefetch: hints, nothing read or changed)
@@ -44,16 +45,16 @@ from numba.extending import intrinsic
 from wse_emu.emulator.core_exec import (exec_desc, exec_dma, exec_dmawait, exec_float, exec_int, is_dma,
                                 is_fabric)
 from wse_emu.emulator.core_fabric import heap_pop_top, heap_push, heap_replace_top, still_first
-from wse_emu.emulator.core_jobs import borrowed, settle, touches_sram
+from wse_emu.emulator.core_jobs import borrowed
+from wse_emu.emulator.core_sram import sram_gate
 from wse_emu.emulator.core_state import (
     C_A, C_B, C_C, C_CLASS, C_COST, C_IH, C_IL, C_IMM, C_SEM, CT_SEEN, D_ADDR, D_COLOR, D_KIND,
     K_CLASS0, K_FAULT_PE, K_FAULT_REASON, K_HALTED, K_HEAP_N, K_INSTR_TOTAL, K_OUTCOME,
-    MAX_KEY_BITS, MP_COLORS, MP_MAX_CYCLES, MP_PE_BITS, MP_STRICT, MP_UNDO, P_BUSY, P_CLOCK,
-    P_CODE0, P_CODELEN, P_FABRIC, P_FAULT, P_INSTR, P_PC, P_PENDING, P_SRAM0, P_SRAM_LEN,
-    P_STATUS, S_DESC, S_DMAWAIT, S_FLOAT, S_FSW, S_MATRIX, S_SW, S_TENSOR, X_FAULT, X_GROW, X_OK,
+    MAX_KEY_BITS, MP_COLORS, MP_MAX_CYCLES, MP_PE_BITS, MP_STRICT, P_BUSY, P_CLOCK,
+    P_CODE0, P_CODELEN, P_FABRIC, P_FAULT, P_INSTR, P_PC, P_PENDING, P_SRAM0,
+    P_STATUS, S_DESC, S_DMAWAIT, S_FLOAT, S_MATRIX, S_TENSOR, X_FAULT, X_GROW, X_OK,
     X_STOP)
 from wse_emu.emulator.core_tensor import matrix_op, tensor_op
-from wse_emu.emulator.core_undo import undo_fits
 from wse_emu.emulator.result import (F_PC_END, RUN_DEADLOCK, RUN_FAULT, RUN_HALTED, RUN_MAX_CYCLES,
                              ST_FAULT, ST_HALT, ST_RUN)
 from wse_emu.isa.spec import DSD_FABIN, DSD_FABOUT, DSD_MEM
@@ -90,50 +91,37 @@ def cycle_counter():
 
 
 @njit(cache=True, inline="always")
-def step(p, code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, unknown, undo, undo_data,
-         mp, classes, tree_of, tree, tree_tmp, queue, link, dl, msg, payload, scratch, trace,
-         counters, wake, nwake, far):
-    """Execute PE p's next instruction (or chunk); returns (X_* code, PEs to wake). `far`
-    holds the HBM's arrays and the helper's ring, (hbm, hbm_ch, hbm_rate, jobs, jdsd, ctl):
-    one argument, as a call of more than 30 compiles to one with *args, which Numba cannot
-    inline."""
-    hbm, hbm_ch, hbm_rate, jobs, jdsd, ctl = far
+def step(p, const, sched, mem, fab, far, nwake):
+    """Execute PE p's next instruction (or chunk); returns (X_* code, PEs to wake)."""
+    code, pe = const.code, sched.pe
     pc = pe[p, P_PC]
     if pc >= pe[p, P_CODELEN]:
         pe[p, P_FAULT] = F_PC_END
         return X_FAULT, nwake
     at = pe[p, P_CODE0] + pc
     sem = code[at, C_SEM]
-    if pe[p, P_PENDING] != 0 and touches_sram(sem):  # its product first (core_jobs)
-        settle(p, pe, jobs, jdsd, ctl, sram_f32, sram_u16, scratch)
+    # its tile product first, and room in the undo log for what it may write (core_sram)
+    if not sram_gate(p, sem, const, sched, mem, far):
+        return X_GROW, nwake
     if sem >= S_TENSOR:
         if sem >= S_MATRIX:
-            return matrix_op(p, at, code, pe, dsd, sram_f32, sram_u16, unknown, undo, undo_data,
-                             mp, classes, scratch, trace, counters, jobs, jdsd, ctl), nwake
-        return tensor_op(p, at, code, pe, freg, dsd, sram_f32, sram_u16, unknown, undo, undo_data,
-                         mp, classes, tree_of, tree, tree_tmp, queue, link, dl, msg, payload,
-                         scratch, trace, counters, wake, nwake)
+            return matrix_op(p, at, const, sched, mem, far), nwake
+        return tensor_op(p, at, const, sched, mem, fab, nwake)
     a, b, c, imm = code[at, C_A], code[at, C_B], code[at, C_C], code[at, C_IMM]
     if is_dma(sem):
-        return exec_dma(p, sem, a, b, code[at, C_IL], code[at, C_CLASS], pe, ireg, dsd, sram_u16,
-                        unknown, undo, undo_data, mp, trace, counters, hbm, hbm_ch,
-                        hbm_rate), nwake
-    if (sem == S_SW or sem == S_FSW) and mp[MP_UNDO] and \
-            not undo_fits(p, 0, pe[p, P_SRAM_LEN], pe, undo, undo_data, counters):
-        return X_GROW, nwake
+        return exec_dma(p, sem, a, b, code[at, C_IL], code[at, C_CLASS], const, sched, mem,
+                        far), nwake
     nxt = pc + 1
     if sem == S_DMAWAIT:
         f = exec_dmawait(p, code[at, C_IL], code[at, C_COST], pe)
         if f:
             nxt = -f
     elif sem >= S_DESC:
-        exec_desc(p, sem, a, b, c, imm, code[at, C_IL], code[at, C_IH], pe, ireg, dsd)
+        exec_desc(p, sem, a, b, c, imm, code[at, C_IL], code[at, C_IH], sched)
     elif sem >= S_FLOAT:
-        nxt = exec_float(p, sem, a, b, c, imm, pc, pe, ireg, freg, sram_f32, sram_u16, unknown,
-                         undo, undo_data, counters, mp)
+        nxt = exec_float(p, sem, a, b, c, imm, pc, const, sched, mem)
     else:
-        nxt = exec_int(p, sem, a, b, c, imm, pc, pe[p, P_CODELEN], pe, ireg, sram_i32, sram_u16,
-                       unknown, undo, undo_data, counters, mp)
+        nxt = exec_int(p, sem, a, b, c, imm, pc, const, sched, mem)
     if nxt < 0:
         pe[p, P_FAULT] = -nxt
         return X_FAULT, nwake
@@ -142,6 +130,7 @@ def step(p, code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, unknown, un
     pe[p, P_BUSY] += cost
     pe[p, P_PC] = nxt
     pe[p, P_INSTR] += 1
+    counters = sched.counters
     counters[K_CLASS0 + code[at, C_CLASS]] += 1
     counters[K_INSTR_TOTAL] += 1
     return (X_OK if pe[p, P_STATUS] == ST_RUN else X_STOP), nwake
@@ -158,7 +147,7 @@ def _next_is_fabric(p, code, pe):
 
 
 @njit(cache=True, inline="always")
-def _prefetch_next(heap, heap_n, mask, pe, dsd, send_hint, tree_of, queue, colors):
+def _prefetch_next(heap, heap_n, mask, pe, dsd, fab, colors):
     """Start loading the pe row and the descriptors of the PE that most likely runs after the
     root: the smallest of the root's children (the root's own next key could come first, but
     rarely does). On a large mesh those rows are in DRAM, and a visit would miss on them one
@@ -185,6 +174,7 @@ def _prefetch_next(heap, heap_n, mask, pe, dsd, send_hint, tree_of, queue, color
     prefetch(dsd, q * row + row - 1)
     # and, if it sends, its first route's row and the queue and status of that route's first
     # receiver, which a send reads one after another (State.send_hint)
+    send_hint, tree_of, queue = fab.send_hint, fab.tree_of, fab.queue
     slot = send_hint[q, 0]
     if slot >= 0:
         prefetch(tree_of, slot * tree_of.shape[1])
@@ -195,7 +185,7 @@ def _prefetch_next(heap, heap_n, mask, pe, dsd, send_hint, tree_of, queue, color
 
 
 @njit(cache=True, inline="always")
-def _prefetch_operands(p, code, pe, dsd, sram_u16, tree_of, queue, colors, jobs, ctl):
+def _prefetch_operands(p, code, pe, dsd, sram_u16, fab, far, colors):
     """Start loading what PE p's next instruction reads, if it is a tensor op: up to
     PREFETCH_LINES lines of each SRAM operand (from its first element), the route row
     (tree_of) of a fabric output, the input-queue row of a fabric input, and the ring row of
@@ -205,6 +195,7 @@ def _prefetch_operands(p, code, pe, dsd, sram_u16, tree_of, queue, colors, jobs,
     and the op would only find them one after another, after its checks and the undo log's
     copy. A hint only: registers that are not descriptors here, or addresses outside the
     SRAM, are skipped or harmless."""
+    tree_of, queue, jobs, ctl = fab.tree_of, fab.queue, far.jobs, far.ctl
     pc = pe[p, P_PC]
     base = pe[p, P_SRAM0]
     if pc >= pe[p, P_CODELEN]:
@@ -253,29 +244,16 @@ def _finish(pe, counters):
 
 
 @njit(cache=True, nogil=True)
-def run_slice(code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, unknown, undo, undo_data,
-              mp, classes, tree_of, tree, tree_tmp, queue, link, dl, msg, payload, heap, wake,
-              scratch, trace, counters, hbm, hbm_ch, hbm_rate, jobs, jdsd, ctl, send_hint,
-              budget, deadline):
+def run_slice(const, sched, mem, fab, far, budget, deadline):
     """Run until the end (R_DONE, outcome in counters), `budget` steps or the cycle counter's
     `deadline` (read every DEADLINE_STEPS steps; R_CONTINUE), or a request to grow (R_GROW).
-    Where the run stops a slice changes nothing it computes."""
+    Where the run stops a slice changes nothing it computes. The state comes in its parts
+    (core_state.PARTS: Const, Sched, Mem, Fabric, Far; State.parts builds them)."""
     # borrowed here, in the function that runs the loop, so LLVM sees they have no owner
-    code, pe, ireg, freg, dsd = (borrowed(code), borrowed(pe), borrowed(ireg),
-                                 borrowed(freg), borrowed(dsd))
-    sram_f32, sram_u16, sram_i32 = borrowed(sram_f32), borrowed(sram_u16), borrowed(sram_i32)
-    unknown = borrowed(unknown)
-    undo, undo_data = borrowed(undo), borrowed(undo_data)
-    mp, classes, tree_of, tree, tree_tmp = (borrowed(mp), borrowed(classes), borrowed(tree_of),
-                                            borrowed(tree), borrowed(tree_tmp))
-    queue, link, dl, msg, payload = (borrowed(queue), borrowed(link), borrowed(dl),
-                                     borrowed(msg), borrowed(payload))
-    heap, wake, scratch, trace, counters = (borrowed(heap), borrowed(wake), borrowed(scratch),
-                                            borrowed(trace), borrowed(counters))
-    hbm, hbm_ch, hbm_rate = borrowed(hbm), borrowed(hbm_ch), borrowed(hbm_rate)
-    jobs, jdsd, ctl = borrowed(jobs), borrowed(jdsd), borrowed(ctl)
-    send_hint = borrowed(send_hint)
-    far = (hbm, hbm_ch, hbm_rate, jobs, jdsd, ctl)
+    const, sched, mem, fab, far = (borrowed(const), borrowed(sched), borrowed(mem),
+                                   borrowed(fab), borrowed(far))
+    code, mp, pe, dsd, heap, counters = (const.code, const.mp, sched.pe, sched.dsd, sched.heap,
+                                         sched.counters)
     max_cycles = mp[MP_MAX_CYCLES]
     strict = mp[MP_STRICT] != 0
     bits = mp[MP_PE_BITS]
@@ -288,8 +266,8 @@ def run_slice(code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, unknown, 
             counters[K_HEAP_N] = 0
             return _finish(pe, counters)
         p = heap[0] & mask
-        _prefetch_next(heap, heap_n, mask, pe, dsd, send_hint, tree_of, queue, colors)
-        _prefetch_operands(p, code, pe, dsd, sram_u16, tree_of, queue, colors, jobs, ctl)
+        _prefetch_next(heap, heap_n, mask, pe, dsd, fab, colors)
+        _prefetch_operands(p, code, pe, dsd, mem.sram_u16, fab, far, colors)
         if heap[0] >> bits > max_cycles:
             counters[K_HEAP_N] = heap_n
             counters[K_OUTCOME] = RUN_MAX_CYCLES
@@ -315,9 +293,7 @@ def run_slice(code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, unknown, 
                         break
                 elif _next_is_fabric(p, code, pe):
                     break
-            x, nwake = step(p, code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, unknown,
-                            undo, undo_data, mp, classes, tree_of, tree, tree_tmp, queue, link,
-                            dl, msg, payload, scratch, trace, counters, wake, nwake, far)
+            x, nwake = step(p, const, sched, mem, fab, far, nwake)
             first = False
             if x == X_OK or x == X_STOP:
                 budget -= 1
@@ -333,7 +309,8 @@ def run_slice(code, pe, ireg, freg, dsd, sram_f32, sram_u16, sram_i32, unknown, 
         else:
             heap_n = heap_pop_top(heap, heap_n)
         for i in range(nwake):
-            heap_n = heap_push(heap, heap_n, pe[wake[i], P_CLOCK] << bits | wake[i])
+            q = sched.wake[i]
+            heap_n = heap_push(heap, heap_n, pe[q, P_CLOCK] << bits | q)
         if x == X_GROW:
             counters[K_HEAP_N] = heap_n
             return R_GROW

@@ -1,8 +1,10 @@
 """The Numba core's state: field indices, per-instruction tables and the arrays of one run.
 
 Everything the jitted loop touches is a plain NumPy array allocated here and passed explicitly
-(DESIGN.md section 6). Small records are rows of 2-D int64 tables with named columns (a PE, a
-delivery, a message) so that one record sits in one or two cache lines.
+(DESIGN.md section 6), grouped in a few named parts (namedtuples of arrays, which Numba passes
+as one argument and reads by attribute; see PARTS below). Small records are rows of 2-D int64
+tables with named columns (a PE, a delivery, a message) so that one record sits in one or two
+cache lines.
 
 Instructions are dispatched on *semantic ids* of our own (S_*, emulator/core_ops.py), mapped
 from the mnemonics of isa.spec when the code table is decoded (decode_table).
@@ -11,6 +13,7 @@ from the mnemonics of isa.spec when the code table is decoded (decode_table).
 from __future__ import annotations
 
 import weakref
+from collections import namedtuple
 
 import numpy as np
 from numba import njit
@@ -154,6 +157,31 @@ N_VARIANTS = 5
 CL_KIND = N_VARIANTS
 # What kind of rule a cost class follows.
 CK_PLAIN, CK_MOVE, CK_FMAC, CK_SPECIAL, CK_SCALAR = range(5)
+
+# ---------------------------------------------------------------------------------------------
+# The parts the jitted code takes (core_sched.run_slice(const, sched, mem, fab, far, ...)): each
+# a namedtuple of arrays, built by State.parts from the State's attributes of the same names.
+# A new array is one field here and one attribute set in State.__init__ (or State.grow).
+# Const: read-only within a slice: the decoded code, the cost classes' widths, the run's
+# parameters (MP_*; the driver changes MP_ASYNC between slices only).
+Const = namedtuple("Const", ["code", "classes", "mp"])
+# Sched: per PE its row (P_*), registers and descriptors; the scheduler's heap and the PEs a
+# step woke; the counters and requests (K_*), the trace, the tensor ops' fp32 scratch rows.
+Sched = namedtuple("Sched", ["pe", "ireg", "freg", "dsd", "heap", "wake", "counters", "trace",
+                             "scratch"])
+# Mem: the SRAM (three views of the same bytes), the timing-only unknown-word map, the undo
+# log. Executors write SRAM only through the gateway (core_sram), which keeps the log, the
+# unknown map and the helper's ring in step.
+Mem = namedtuple("Mem", ["sram_f32", "sram_u16", "sram_i32", "unknown", "undo", "undo_data"])
+# Fabric: route trees (per (PE, color) slot and per entry) and a sender's scratch of arrival
+# times, the input queues, links (then the system's pipes), delivery and message records,
+# the payload pool, the send hints the scheduler prefetches.
+Fabric = namedtuple("Fabric", ["tree_of", "tree", "tree_tmp", "queue", "link", "dl", "msg",
+                               "payload", "send_hint"])
+# Far: the HBM, its channels and rate, and the helper thread's ring (core_jobs).
+Far = namedtuple("Far", ["hbm", "hbm_ch", "hbm_rate", "jobs", "jdsd", "ctl"])
+PARTS = (Const, Sched, Mem, Fabric, Far)
+
 
 F32, F16 = DTYPES["f32"], DTYPES["f16"]
 _REPRESENTATIVE = {V_F32: (F32,), V_F16: (F16,), V_MIXED: (F32, F16), V_CONVERT: (F32, F16),
@@ -456,14 +484,10 @@ class State:
     def class_counts(self) -> np.ndarray:
         return self.counters[K_CLASS0:].copy()
 
-    def args(self) -> tuple:
-        """The arrays the jitted loop takes, in its parameter order (core_sched.run_slice)."""
-        return (self.code, self.pe, self.ireg, self.freg, self.dsd, self.sram_f32, self.sram_u16,
-                self.sram_i32, self.unknown, self.undo, self.undo_data, self.mp, self.classes,
-                self.tree_of, self.tree, self.tree_tmp, self.queue, self.link, self.dl, self.msg,
-                self.payload, self.heap, self.wake, self.scratch, self.trace, self.counters,
-                self.hbm, self.hbm_ch, self.hbm_rate, self.jobs, self.jdsd, self.ctl,
-                self.send_hint)
+    def parts(self) -> tuple:
+        """(Const, Sched, Mem, Fabric, Far) of the current arrays, what core_sched.run_slice
+        takes: built anew for each slice, as State.grow may have replaced an array."""
+        return tuple(part(*[getattr(self, name) for name in part._fields]) for part in PARTS)
 
 
 def new_ring(slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

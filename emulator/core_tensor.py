@@ -1,31 +1,30 @@
 """Tensor instructions of the Numba core: elementwise ops and reductions (run in chunks when
 they have fabric inputs, docs/timing-model.md section 6) and tile matrix products.
 
-Operands are gathered into fp32 scratch rows first and results written back after the kernel,
-so a destination may alias a source. The numbers come from kernels/, as in the reference.
+Operands are gathered into fp32 scratch rows first and results written back after the kernel
+(through core_sram's gateway), so a destination may alias a source. The numbers come from
+kernels/, as in the reference.
 """
 
 import numpy as np
 from numba import njit
 
-from wse_emu.emulator.core_exec import (_fault, _read_mem, _write_mem, check_mem, check_operands,
-                                chunk_times, elements, finish_chunk, mark_unknown, mem_bytes,
-                                roles, room_for_trace, simd_variant)
+from wse_emu.emulator.core_exec import (_fault, check_mem, check_operands, chunk_times, elements,
+                                         finish_chunk, roles, room_for_trace, simd_variant)
 from wse_emu.emulator.core_fabric import need, queue_arrival, queue_consume, queue_read, send, send_fits
-from wse_emu.emulator.core_jobs import borrowed, product, publish
+from wse_emu.emulator.core_jobs import borrowed
+from wse_emu.emulator.core_sram import read_mem, store_elements, store_product
 from wse_emu.emulator.core_state import (
     CL_KIND, C_A, C_B, C_C, C_CLASS, C_SEM, C_SUB, D_COLOR, D_COUNT, D_DTYPE, D_KIND, D_LEN,
-    D_STRIDE, MP_ASYNC, MP_BY_COLUMN, MP_COLORS, MP_ISSUE, MP_QDEPTH, MP_TIMING, MP_TRACE_CAP, MP_UNDO,
+    D_STRIDE, MP_BY_COLUMN, MP_COLORS, MP_ISSUE, MP_QDEPTH, MP_TIMING, MP_TRACE_CAP,
     NEED_SCRATCH, P_DONE, P_FTAINT, P_SRAM0, P_SRAM_LEN, P_STATUS, P_WAIT, Q_QUEUED, S_BINARY,
     S_BINSCALAR, S_FILL, S_FMA, S_MV, S_MVA, S_RDOT, S_RMAX, S_RSUM, S_UNARY, T_START, X_GROW,
     X_OK, X_STOP)
-from wse_emu.emulator.core_undo import note_write, undo_fits
 from wse_emu.emulator.result import F_COUNT, F_MATRIX_FABRIC, F_NO_ROUTE, F_SHAPE, ST_RUN, ST_WAIT_RECV
 from wse_emu.isa.spec import DSD_FABIN, DSD_FABOUT, DSD_MEM
 from wse_emu.kernels import elementwise as ew
 from wse_emu.kernels.cost import chunk_cycles, matrix_cycles
 from wse_emu.kernels import reduce
-from wse_emu.kernels.prefetch import prefetch
 
 
 @njit(cache=True)
@@ -36,14 +35,17 @@ def _block(pe, p, color):
 
 
 @njit(cache=True, inline="always")
-def tensor_op(p, at, code, pe, freg, dsd, sram_f32, sram_u16, unknown, undo, undo_data, mp,
-              classes, tree_of, tree, tree_tmp, queue, link, dl, msg, payload, scratch, trace,
-              counters, wake, nwake):
+def tensor_op(p, at, const, sched, mem, fab, nwake):
     """One chunk of an elementwise op or reduction; returns (X_* code, PEs to wake).
 
     Timing-only mode (MP_TIMING): the same checks, queues and times, but no operand is read,
     nothing computed or written and no payload sent; what the destination would hold is marked
     unknown, and so is a reduction's f register."""
+    code, classes, mp = const.code, const.classes, const.mp
+    pe, freg, dsd, scratch, trace, counters = (sched.pe, sched.freg, sched.dsd, sched.scratch,
+                                               sched.trace, sched.counters)
+    sram_f32, sram_u16 = mem.sram_f32, mem.sram_u16
+    tree_of, queue, dl, msg, payload = fab.tree_of, fab.queue, fab.dl, fab.msg, fab.payload
     sem, sub, cls = code[at, C_SEM], code[at, C_SUB], code[at, C_CLASS]
     a, b, c = code[at, C_A], code[at, C_B], code[at, C_C]
     colors = mp[MP_COLORS]
@@ -89,14 +91,6 @@ def tensor_op(p, at, code, pe, freg, dsd, sram_f32, sram_u16, unknown, undo, und
         return X_GROW, nwake
     if mp[MP_TRACE_CAP] and not room_for_trace(mp, trace, counters):
         return X_GROW, nwake
-    # the destination's old contents go to the undo log just before it is written, after the
-    # operands are read (which writes no SRAM): by then the loop's prefetch of them has landed
-    log = dst >= 0 and not out_fab and k > 0 and not timing and mp[MP_UNDO] != 0
-    lo, hi = mem_bytes(dsd, p, dst) if log else (0, 0)
-    if dst >= 0 and not out_fab and k > 0 and timing:
-        mark_unknown(unknown, pe, p, dsd, dst, done, k)  # nothing is written: it is unknown
-    elif log and not undo_fits(p, lo, hi, pe, undo, undo_data, counters):
-        return X_GROW, nwake
 
     a_head = -1
     a_tail = -1
@@ -118,13 +112,13 @@ def tensor_op(p, at, code, pe, freg, dsd, sram_f32, sram_u16, unknown, undo, und
     elif in0:
         queue_read(queue, dl, msg, payload, slot0, k, dsd[p, s0, D_DTYPE], v0)
     elif s0 >= 0:
-        _read_mem(dsd, p, s0, done, k, v0, sram_f32, sram_u16, base)
+        read_mem(dsd, p, s0, done, k, v0, sram_f32, sram_u16, base)
     if timing:
         pass
     elif in1:
         queue_read(queue, dl, msg, payload, slot1, k, dsd[p, s1, D_DTYPE], v1)
     elif s1 >= 0:
-        _read_mem(dsd, p, s1, done, k, v1, sram_f32, sram_u16, base)
+        read_mem(dsd, p, s1, done, k, v1, sram_f32, sram_u16, base)
     if timing:
         pass
     elif sem == S_UNARY:
@@ -137,7 +131,7 @@ def tensor_op(p, at, code, pe, freg, dsd, sram_f32, sram_u16, unknown, undo, und
         out[:k] = freg[p, b]
     elif sem == S_FMA:
         cur = scratch[3]
-        _read_mem(dsd, p, dst, done, k, cur, sram_f32, sram_u16, base)
+        read_mem(dsd, p, dst, done, k, cur, sram_f32, sram_u16, base)
         ew.fma_scalar(cur, v0, freg[p, c], out, k)
     elif sem == S_RSUM:
         freg[p, a] = reduce.rsum(v0, k, freg[p, a] if done else np.float32(0))
@@ -148,36 +142,32 @@ def tensor_op(p, at, code, pe, freg, dsd, sram_f32, sram_u16, unknown, undo, und
 
     qdepth = mp[MP_QDEPTH]
     if in0:
-        nwake = queue_consume(queue, dl, msg, counters, slot0, k, end, pe, qdepth, wake, nwake)
+        nwake = queue_consume(queue, dl, msg, counters, slot0, k, end, pe, qdepth, sched.wake,
+                              nwake)
     if in1:
-        nwake = queue_consume(queue, dl, msg, counters, slot1, k, end, pe, qdepth, wake, nwake)
+        nwake = queue_consume(queue, dl, msg, counters, slot1, k, end, pe, qdepth, sched.wake,
+                              nwake)
     if out_fab:
         if k > 0:
-            nwake = send(p, dsd[p, dst, D_COLOR], dsd[p, dst, D_DTYPE], out, k, start, end, pe,
-                         mp, tree_of, tree, tree_tmp, queue, link, dl, msg, payload, counters,
-                         wake, nwake)
-    elif dst >= 0 and not timing:
-        if log:
-            note_write(p, lo, hi, pe, sram_u16, undo, undo_data, counters, mp)
-        _write_mem(dsd, p, dst, done, k, out, sram_f32, sram_u16, base)
+            nwake = send(p, dsd[p, dst, D_COLOR], dsd[p, dst, D_DTYPE], out, k, start, end, mp,
+                         sched, fab, nwake)
+    elif dst >= 0:  # (after the operands are read: by then the loop's prefetch has landed)
+        store_elements(p, dst, done, k, out, const, sched, mem)
     finish_chunk(p, cls, k, n, start, end, pe, mp, trace, counters)
     return (X_OK if pe[p, P_STATUS] == ST_RUN else X_STOP), nwake
 
 
 @njit(cache=True)
-def matrix_op(p, at, code, pe, dsd, sram_f32, sram_u16, unknown, undo, undo_data, mp, classes,
-              scratch, trace, counters, jobs, jdsd, ctl):
+def matrix_op(p, at, const, sched, mem, far):
     """mv / mva / mm / mma: one chunk over SRAM tiles, fp32 accumulation; returns an X_* code.
     With a helper thread (MP_ASYNC) the product is checked, timed and logged here and computed
     on the helper's ring (core_jobs)."""
     # borrowed views (the loop holds the arrays): without them every array this function
     # hands on is reference-counted, a call each way (as in core_sched.run_slice)
-    code, pe, dsd, sram_f32, sram_u16 = (borrowed(code), borrowed(pe), borrowed(dsd),
-                                         borrowed(sram_f32), borrowed(sram_u16))
-    unknown, undo, undo_data, mp, classes = (borrowed(unknown), borrowed(undo),
-                                             borrowed(undo_data), borrowed(mp), borrowed(classes))
-    scratch, trace, counters = borrowed(scratch), borrowed(trace), borrowed(counters)
-    jobs, jdsd, ctl = borrowed(jobs), borrowed(jdsd), borrowed(ctl)
+    const, sched, mem, far = borrowed(const), borrowed(sched), borrowed(mem), borrowed(far)
+    code, classes, mp = const.code, const.classes, const.mp
+    pe, dsd, scratch, trace, counters = (sched.pe, sched.dsd, sched.scratch, sched.trace,
+                                         sched.counters)
     sem, cls = code[at, C_SEM], code[at, C_CLASS]
     y, w, x = code[at, C_A], code[at, C_B], code[at, C_C]
     for r in (y, w, x):
@@ -207,39 +197,12 @@ def matrix_op(p, at, code, pe, dsd, sram_f32, sram_u16, unknown, undo, undo_data
     # one op a column of the tile on a PE (isa.costs): what follows the first op's overhead
     dur = matrix_cycles(m_rows, k_cols, n_cols, width, mp[MP_ISSUE], mp[MP_BY_COLUMN] != 0) \
         - mp[MP_ISSUE]
-    timing = mp[MP_TIMING] != 0
-    if not timing and (total > scratch.shape[1] or k_cols > scratch.shape[1]):
+    if mp[MP_TIMING] == 0 and (total > scratch.shape[1] or k_cols > scratch.shape[1]):
         return need(counters, NEED_SCRATCH, max(total, k_cols))
     if mp[MP_TRACE_CAP] and not room_for_trace(mp, trace, counters):
         return X_GROW
-    if timing:  # the same cycles; y is unknown and nothing is computed
-        mark_unknown(unknown, pe, p, dsd, y, 0, total)
-        start, end = chunk_times(p, dur, -1, -1, pe, mp[MP_ISSUE])
-        finish_chunk(p, cls, total, total, start, end, pe, mp, trace, counters)
-        return X_OK
-    log = total > 0 and mp[MP_UNDO] != 0
-    lo, hi = mem_bytes(dsd, p, y)
-    if log and not undo_fits(p, lo, hi, pe, undo, undo_data, counters):
-        return X_GROW
     start, end = chunk_times(p, dur, -1, -1, pe, mp[MP_ISSUE])
-    base = pe[p, P_SRAM0]
-    if mp[MP_ASYNC] != 0:
-        if log:  # y's old contents, before the helper can write it
-            note_write(p, lo, hi, pe, sram_u16, undo, undo_data, counters, mp)
-        publish(p, dsd, y, w, x, sem, base, m_rows, k_cols, n_cols, total, pe, jobs, jdsd, ctl,
-                sram_f32, sram_u16, scratch)
-        finish_chunk(p, cls, total, total, start, end, pe, mp, trace, counters)
-        return X_OK
-    # y's old contents go to the undo log just before y is written (nothing writes SRAM
-    # before that: the product accumulates in scratch). Loading them is started now, so that
-    # they arrive while the product runs instead of stalling the log's copy.
-    w16 = (base + lo) >> 1
-    for i in range(w16, min((base + hi + 1) >> 1, w16 + 32 * 16), 32):  # up to 16 lines
-        prefetch(sram_u16, i)
-    product(dsd, p, y, w, x, sem, base, m_rows, k_cols, n_cols, total, sram_f32, sram_u16,
-            scratch)
-    if log:
-        note_write(p, lo, hi, pe, sram_u16, undo, undo_data, counters, mp)
-    _write_mem(dsd, p, y, 0, total, scratch[2], sram_f32, sram_u16, base)
+    # (timing-only: y becomes unknown; with a helper thread, y is written on its ring)
+    store_product(p, y, w, x, sem, m_rows, k_cols, n_cols, total, const, sched, mem, far)
     finish_chunk(p, cls, total, total, start, end, pe, mp, trace, counters)
     return X_OK

@@ -4,6 +4,7 @@ that a run can be put back and replayed in strict order (core.py explains when).
 Each PE's written span only grows, and what a write adds to it is logged once, before it is
 written: at most the bytes written, appended in order, which costs far less than keeping a
 mirror of the whole SRAM (whose scattered lines miss the cache on every first write).
+Executors do not call it: every SRAM write goes through core_sram, which logs.
 """
 
 from numba import njit
