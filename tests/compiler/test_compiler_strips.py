@@ -1,8 +1,9 @@
 """The strip placement: when bands of tall matmuls and short stages need more rows than the
 machine has, stages stack top to bottom in vertical strips (a free column between strips).
 
-A machine 28 PEs wide and 16 tall cannot hold the test models' bands at any tile size the
-pipeline tries first, but holds them as strips; the program still computes what the model
+A machine 28 PEs wide and 16 tall cannot hold the test models' stage-chain bands at any tile
+size the pipeline tries first, but holds them as strips (the chain is asked for by name: the
+wafer mapping's rectangular grids fit this machine without strips); the program still computes what the model
 does (numbers against the NumPy golden model, flows crossing from strip to strip), and the
 rectangles are disjoint and inside the machine.
 """
@@ -33,7 +34,7 @@ def narrow():
 @pytest.mark.parametrize("make", [make_gpt2, make_llama])
 def test_a_model_placed_in_strips_computes_what_the_model_does(make, narrow, tmp_path):
     path = make(tmp_path)
-    program, report = compile_model(path, narrow, max_context=16)
+    program, report = compile_model(path, narrow, max_context=16, mapping="chain")
     rects = [r.rect for r in program.regions]
     for r in rects:
         assert 0 <= r.x and r.x + r.w <= narrow.width and 0 <= r.y and r.y + r.h <= narrow.height
