@@ -132,7 +132,9 @@ def borrowed(typingctx, arr):
 
 
 @njit(cache=True, inline="always")
-def _read_mem(dsd, p, r, first, k, out, sram_f32, sram_u16, base):
+def read_mem(dsd, p, r, first, k, out, sram_f32, sram_u16, base):
+    """out[0:k] = elements first .. first + k - 1 of PE p's SRAM descriptor r, as fp32 (a
+    read: no gateway; core_sram passes it on to the executors)."""
     gather(sram_f32, sram_u16, base + dsd[p, r, D_ADDR], dsd[p, r, D_LEN],
            dsd[p, r, D_STRIDE], dsd[p, r, D_COUNT], dsd[p, r, D_CSTRIDE], dsd[p, r, D_DTYPE],
            first, k, out)
@@ -154,12 +156,12 @@ def product(dsd, row, y, w, x, sem, base, m_rows, k_cols, n_cols, total, sram_f3
     (the caller writes it to y)."""
     acc = scratch[2]
     if sem == S_MVA or sem == S_MMA:
-        _read_mem(dsd, row, y, 0, total, acc, sram_f32, sram_u16, base)
+        read_mem(dsd, row, y, 0, total, acc, sram_f32, sram_u16, base)
     else:
         acc[:total] = 0
     if sem == S_MV or sem == S_MVA:
         xv = scratch[0]
-        _read_mem(dsd, row, x, 0, k_cols, xv, sram_f32, sram_u16, base)
+        read_mem(dsd, row, x, 0, k_cols, xv, sram_f32, sram_u16, base)
         matrix.mv(sram_f32, sram_u16, base + dsd[row, w, D_ADDR], m_rows, k_cols,
                   dsd[row, w, D_CSTRIDE], dsd[row, w, D_DTYPE], xv, acc)
     else:

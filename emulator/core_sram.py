@@ -23,7 +23,8 @@ and `store_product` only, and read with `read_mem`.
 import numpy as np
 from numba import njit
 
-from wse_emu.emulator.core_jobs import product, publish, settle
+# read_mem is core_jobs' (the helper thread reads with it); the executors import it from here
+from wse_emu.emulator.core_jobs import product, publish, read_mem, settle  # noqa: F401
 from wse_emu.emulator.core_ops import OPERAND_ROLES, R_DST
 from wse_emu.emulator.core_state import (
     D_ADDR, D_COUNT, D_CSTRIDE, D_DTYPE, D_LEN, D_STRIDE, MP_ASYNC, MP_TIMING, MP_UNDO,
@@ -31,7 +32,7 @@ from wse_emu.emulator.core_state import (
     S_SW, S_TENSOR)
 from wse_emu.emulator.core_undo import note_write, undo_fits
 from wse_emu.isa.spec import DTYPES
-from wse_emu.kernels.access import gather, scatter
+from wse_emu.kernels.access import scatter
 from wse_emu.kernels.prefetch import prefetch
 
 DT_F32 = DTYPES["f32"]
@@ -85,14 +86,6 @@ def mem_bytes(dsd, p, r):
     outer = (count - 1) * dsd[p, r, D_CSTRIDE]
     return (addr + (min(0, inner) + min(0, outer)) * size,
             addr + (max(0, inner) + max(0, outer) + 1) * size)
-
-
-@njit(cache=True, inline="always")
-def read_mem(dsd, p, r, first, k, out, sram_f32, sram_u16, base):
-    """out[0:k] = elements first .. first + k - 1 of PE p's SRAM descriptor r, as fp32."""
-    gather(sram_f32, sram_u16, base + dsd[p, r, D_ADDR], dsd[p, r, D_LEN],
-           dsd[p, r, D_STRIDE], dsd[p, r, D_COUNT], dsd[p, r, D_CSTRIDE], dsd[p, r, D_DTYPE],
-           first, k, out)
 
 
 @njit(cache=True, inline="always")
