@@ -53,8 +53,8 @@ from wse_emu.isa.compiler import map_attention, map_elementwise, map_embedding, 
 from wse_emu.isa.compiler.decoder import Decoder, Geometry, divisors, extract, geometry, \
     grid_shapes
 from wse_emu.isa.compiler.emit import I32, Labels
-from wse_emu.isa.compiler.lines import LineKind, allreduce, cycles as line_cycles, routes, \
-    setup_flags, setup_roles
+from wse_emu.isa.compiler.lines import LineKind, Shared, call_cycles, cycles as line_cycles, \
+    routes, setup_flags, setup_roles
 from wse_emu.isa.compiler.lower import CompileError, Plan
 from wse_emu.isa.compiler.pack import CompileReport, Weights, part_name, with_model
 from wse_emu.isa.compiler.placement import WEIGHT_BYTES
@@ -400,6 +400,16 @@ def line_forms(dec: Decoder, geo: Geometry, machine, dtype: str) -> tuple:
     return tuple(out)
 
 
+def layer_sites(mp: Mapping, machine, dtype: str) -> dict:
+    """(line, op, broadcast) -> call sites of a layer's allreduces (a dry run counts them):
+    what decides which become shared routines (lines.Shared)."""
+    dec = mp.dec
+    dry = _DryRun(mp.geo, dtype, machine, bool(dec.rope_theta), dec.family == "gpt2",
+                  mp.line_groups)
+    _layer_body(dry, dec.layers[0], receive=None, send=None)
+    return dry.sites
+
+
 def split_costs(mp: Mapping, machine, dtype: str) -> tuple:
     """(layer, embed, head, crossing) predicted cycles for balancing the wafers' groups."""
     p = predict(mp, machine, dtype)
@@ -501,6 +511,7 @@ def predict(mp: Mapping, machine, dtype: str) -> dict:
     dry = _DryRun(geo, dtype, machine, bool(dec.rope_theta), dec.family == "gpt2",
                   mp.line_groups)
     layer = dec.layers[0]
+    dry.share = Shared(layer_sites(mp, machine, dtype))
     _layer_body(dry, layer, receive=None, send=None)
     body = dry.total()
     out = {"embed": map_embedding.cycles(dry.cost, geo.K)}
@@ -574,6 +585,8 @@ class _Ctx:
         self.rope, self.biases = rope, biases
         self.col, self.row = line_kinds(geo, groups)
         self.calls: list = []  # (line colors, n, broadcast) of every allreduce, in order
+        self.sites: dict = {}  # (line, op, broadcast) -> allreduces of that kind so far
+        self.share = Shared({})  # the region's shared routines (none: all inline)
         self.seg = LineKind("row", geo.s, SEG, "r12")
         self.colors = {"mask": MASK, "rope": ROPE}
         self.bufs: dict = {}
@@ -584,9 +597,19 @@ class _Ctx:
         self.charges.append((what, cycles))
 
     def allreduce(self, line, buf, n, op="add", what="allreduce", broadcast=True) -> None:
-        allreduce(self.rb, self.labels, line, buf, n, op, broadcast)
+        """The allreduce inline, or a call of the region's shared routine for its kind
+        (lines.Shared), with its cycles."""
+        self.share.allreduce(self.rb, self.labels, line, buf, n, op, broadcast)
         self.calls.append((line.colors, n, broadcast))
-        self.charge(what, line_cycles(self.machine, line.length, n, broadcast, line.group))
+        cycles = line_cycles(self.machine, line.length, n, broadcast, line.group)
+        key = (line, op, broadcast)
+        if line.length > 1 and n > 0:
+            index = self.sites.get(key, 0)
+            self.sites[key] = index + 1
+            if key in self.share.shared:
+                cycles += call_cycles(self.machine, line, broadcast, index,
+                                      self.share.sites[key])
+        self.charge(what, cycles)
 
     def buf(self, name):
         return self.bufs[name]
@@ -668,6 +691,7 @@ class _Emitter:
         self.padded: dict = {}  # zero-padded weight copies (map_gemv.padded), once a program
         self.stages: list = []  # region metadata, in region order
         self.seqs = mp.seqs
+        self.sites = None  # a layer's allreduce call sites (layer_sites), once a program
         pb.tensor("default_position_ids", np.zeros(self.seqs, dtype=np.int32))
 
     def region(self, kind: str, name: str, layer: int, x, y, w, h):
@@ -839,6 +863,9 @@ class _Emitter:
         rb = self.region("layer", f"layers.{it.index}", it.index, it.x0(geo), it.y0(geo), geo.C,
                          geo.R)
         ctx = self.ctx(rb)
+        if self.sites is None:
+            self.sites = layer_sites(self.mp, self.machine, dtype)
+        ctx.share = Shared(self.sites)
         wb = WEIGHT_BYTES[dtype]
         K = geo.K
         b = ctx.bufs
@@ -865,6 +892,7 @@ class _Emitter:
                                            self.sender(ctx, it, k)),
                   map_attention.strides(geo, dtype))
         rb.halt()
+        ctx.share.routines(rb, ctx.labels)
 
     def head(self, it, k: int) -> None:
         geo, dtype = self.geo, self.dtype
