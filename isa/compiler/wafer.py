@@ -42,7 +42,7 @@ color, which is free there when every wafer between two others has two bands or 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -53,8 +53,8 @@ from wse_emu.isa.compiler import map_attention, map_elementwise, map_embedding, 
 from wse_emu.isa.compiler.decoder import Decoder, Geometry, divisors, extract, geometry, \
     grid_shapes
 from wse_emu.isa.compiler.emit import I32, Labels
-from wse_emu.isa.compiler.lines import LineKind, Shared, call_cycles, cycles as line_cycles, \
-    routes, setup_flags, setup_roles
+from wse_emu.isa.compiler.lines import LineKind, Shared, _Count, call_cycles, \
+    cycles as line_cycles, routes, setup_flags, setup_roles
 from wse_emu.isa.compiler.lower import CompileError, Plan
 from wse_emu.isa.compiler.pack import CompileReport, Weights, part_name, with_model
 from wse_emu.isa.compiler.placement import WEIGHT_BYTES
@@ -62,6 +62,7 @@ from wse_emu.isa.compiler.predict import Cost, pipelined_cycles
 from wse_emu.isa.errors import BuildError
 from wse_emu.isa.machine import MAX_CHIPS, system_of
 from wse_emu.isa.program import Rect
+from wse_emu.isa.spec import INSTR_BYTES
 
 # One entry a mapping strategy: its module holds its tiling, its routes' needs and its code.
 STRATEGIES = {
@@ -101,7 +102,6 @@ def levels(geo: Geometry) -> int:
 
 def diag_color(level: int) -> int:
     return (DIAG, READY)[level]
-CODE_BYTES = 8 * 1024  # SRAM kept for a layer PE's code (measured: about 5-7 KB)
 
 
 @dataclass
@@ -182,11 +182,82 @@ def _snake(items: list, per_band: int) -> int | None:
     return band + 1
 
 
-def _layer_sram(geo: Geometry, dtype: str, biases: bool, seqs: int = 1) -> int:
+def _layer_data(dec: Decoder, geo: Geometry, dtype: str, seqs: int = 1) -> int:
+    """SRAM a layer PE's data takes: weight tiles, KV caches (seqs of them) and buffers."""
     wb = WEIGHT_BYTES[dtype]
     bufs = 4 * (3 * geo.K + geo.Mqkv + 1 + geo.M1 + 2) + 2 * geo.K * wb * 2
-    return (CODE_BYTES + map_gemv.tile_bytes(geo, wb, biases)
+    return (map_gemv.tile_bytes(geo, wb, dec.family == "gpt2")
             + seqs * map_attention.cache_bytes(geo, wb) + map_attention.buffer_bytes(geo) + bufs)
+
+
+def _layer_sram(dec: Decoder, geo: Geometry, machine, dtype: str, seqs: int = 1) -> int:
+    """SRAM a layer PE needs: its code (layer_code_bytes) and its data."""
+    return layer_code_bytes(dec, geo, machine, dtype, seqs) + _layer_data(dec, geo, dtype, seqs)
+
+
+CODE_BOUND = 8 * 1024  # more than any layer PE's code counts (about 4-5 KB)
+
+
+def _layer_fits(dec: Decoder, geo: Geometry, machine, dtype: str, seqs: int = 1) -> bool:
+    """Whether a layer PE's code and data fit its SRAM. The code is counted (layer_code_bytes)
+    only when the data leave less than CODE_BOUND bytes free: counting takes dry runs of the
+    grid's code, too slow for every candidate grid of a large model. (_pack checks the
+    program's real SRAM.)"""
+    free = machine.sram_bytes - _layer_data(dec, geo, dtype, seqs)
+    return free >= CODE_BOUND or (free > 0 and layer_code_bytes(dec, geo, machine, dtype,
+                                                                 seqs) <= free)
+
+
+def layer_code_bytes(dec: Decoder, geo: Geometry, machine, dtype: str, seqs: int = 1) -> int:
+    """The bytes of a layer PE's code, counted before any layout (the code does not depend on
+    where the data sits): a dry run of the region's code with the grid's line forms and
+    shared allreduces, and the largest receiver and sender a placement can give it (in by a
+    diagonal, a crossing or the embedding's bus; out by a diagonal, a crossing or along the
+    rows). Cached on the decoder by grid, whatever the context (a context's binary search
+    asks for the same grid again; the context changes immediates, not instructions)."""
+    cache = dec.__dict__.setdefault("code_bytes", {})
+    key = (replace(geo, ctx=0), machine.name, dtype, seqs)
+    if key not in cache:
+        cache[key] = INSTR_BYTES * _layer_code(dec, geo, machine, dtype, seqs)
+    return cache[key]
+
+
+def _layer_code(dec: Decoder, geo: Geometry, machine, dtype: str, seqs: int) -> int:
+    mp = Mapping(dec, geo, [], [], (0, 0), 0, line_groups=line_forms(dec, geo, machine, dtype),
+                 seqs=seqs)
+    em = _Emitter.__new__(_Emitter)  # the code emitters alone: no ProgramBuilder, no data
+    em.mp, em.machine, em.dtype, em.geo, em.seqs = mp, machine, dtype, geo, seqs
+
+    def dry():
+        ctx = _DryRun(geo, dtype, machine, bool(dec.rope_theta), dec.family == "gpt2",
+                      mp.line_groups)
+        ctx.rb, ctx.seqs = _Count(), seqs
+        ctx.cache_regs = (KOFF, VOFF) if seqs > 1 else None
+        return ctx
+    ctx = dry()
+    ctx.share = Shared(layer_sites(mp, machine, dtype))
+    em.position_regs(ctx.rb, Item("layer", 0, geo.C, 1))
+    em.loop(ctx, lambda: _layer_body(ctx, dec.layers[0], None, None))
+    ctx.rb.halt()
+    ctx.share.routines(ctx.rb, ctx.labels)
+    code = ctx.rb.n
+    prev, it, nxt = (Item("layer", k, geo.C, 1, slot=k, chip=k) for k in range(3))
+    mp.items = [prev, it, nxt]
+    ends = []
+    for which, kinds in (("receiver", ("diag", "cross", "east", "west", "bus")),
+                         ("sender", ("diag", "cross", "east", "west"))):
+        most = 0
+        for kind in kinds:
+            ctx = dry()
+            if which == "receiver":
+                it.handoff_in = kind
+                em.receiver(ctx, it, 1)()
+            else:
+                nxt.handoff_in = kind
+                em.sender(ctx, it, 1)()
+            most = max(most, ctx.rb.n)
+        ends.append(most)
+    return code + sum(ends)
 
 
 def _arrange(dec: Decoder, geo: Geometry, machine, dtype: str, exact: bool,
@@ -354,8 +425,7 @@ def choose(dec: Decoder, machine, dtype: str, exact: bool, grid=None,
         shapes = [want]
     for shape in shapes:
         geo = geometry(dec, shape)
-        need = _layer_sram(geo, dtype, biases, seqs)
-        if need > machine.sram_bytes:
+        if not _layer_fits(dec, geo, machine, dtype, seqs):
             continue
         # the embedding's and head's columns as a functional program takes them (dividing
         # the tables' rows) where they fit, also shape-only on a rectangle, so that its
@@ -422,7 +492,7 @@ def _refusal(dec, machine, dtype, exact, biases, sides, name, seqs: int = 1) -> 
     """One line: why no grid fits; the wafers that would hold the model, or the largest
     max_context that would fit (with seqs KV caches a layer)."""
     fitting = [g for g in sides
-               if _layer_sram(geometry(dec, g), dtype, biases, seqs) <= machine.sram_bytes]
+               if _layer_fits(dec, geometry(dec, g), machine, dtype, seqs)]
     caches = f" with {seqs} sequences' KV caches" if seqs > 1 else ""
     fit = _fitting_context(dec, machine, dtype, exact, biases, sides, seqs)
     if seqs > 1 and fit:  # the caches are what does not fit: a shorter context first
@@ -483,7 +553,7 @@ def _fitting_context(dec, machine, dtype, exact, biases, sides, seqs: int) -> in
         lo, hi = 0, dec.max_context
         while lo < hi:  # the largest context whose layer fits SRAM
             mid = (lo + hi + 1) // 2
-            if _layer_sram(geometry(dec, g, mid), dtype, biases, seqs) <= machine.sram_bytes:
+            if _layer_fits(dec, geometry(dec, g, mid), machine, dtype, seqs):
                 lo = mid
             else:
                 hi = mid - 1
