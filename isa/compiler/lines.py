@@ -23,6 +23,16 @@ each group's root, then a chain over the group roots on colors the PEs between o
 through; the same five colors read as (intra0, intra1, inter0, inter1, bcast). Each PE's role
 (`role`) is computed once at the region's start (`setup_roles`) into a register, and every
 allreduce branches on its bits. `cycles(..., group=G)` prices it; `best_group` picks G.
+
+Shared routines (`Shared`): the ISA has no call or indirect jump, so where a region makes
+several allreduces of one (line, op, broadcast) kind and one copy takes fewer instructions
+than the copies inline (`pays`), the region holds one routine for the kind after its halt. A
+call points d13 at the block, sets SELECT (r1) to the site's index among the kind's calls and
+LENGTH (r2) to the block length, and jumps; the routine (the same code, with a `dlen` from
+LENGTH after every dfin and dfout) ends with a chain of `beq` on SELECT back to the sites.
+SELECT and LENGTH are the regions' temporaries, which no caller keeps across an allreduce;
+the routine touches no other register than the dispatch's (SCRATCH, the role or flag
+registers, the position register). `call_cycles` prices a call.
 """
 
 from __future__ import annotations
@@ -360,7 +370,7 @@ def _body(rb, labels, line: LineKind, n, op: str, broadcast: bool) -> None:
 # ---------------------------------------------------------------------------------------------
 # shared routines: one copy of each (line, op, broadcast) allreduce in a region's code
 
-class _Count:
+class InstrCount:
     """A RegionBuilder stand-in that counts the instructions emitted."""
 
     def __init__(self):
@@ -378,7 +388,7 @@ class _Count:
 def body_size(line: LineKind, op: str, broadcast: bool, shared: bool) -> int:
     """Instructions of an allreduce's code after its dmem: inline, or the shared routine's
     (with a dlen after every dfin and dfout, without the return chain)."""
-    rb = _Count()
+    rb = InstrCount()
     _body(rb, lambda stem: stem, line, LENGTH if shared else 1, op, broadcast)
     return rb.n
 

@@ -6,7 +6,8 @@ the grid, products followed by line allreduces, the KV cache spread over the gri
 
 is one function of named passes: extract (the plan's layers), choose (the grid (R, C) from
 the cost model), place (grids in bands, snaking), route (allreduce lines, hand-offs, buses),
-codegen (one region per grid, through the strategies of STRATEGIES), pack.
+codegen (one region per grid, through the strategies of STRATEGIES; a layer's line allreduces
+of one kind as one shared routine, lines.Shared), pack.
 
 Placement. Row 0 of the fabric holds the RoPE sources (one PE a grid column), column 0 the
 mask sources (one PE a grid row); grids sit on a lattice of slots C columns wide from (1, 1),
@@ -53,7 +54,7 @@ from wse_emu.isa.compiler import map_attention, map_elementwise, map_embedding, 
 from wse_emu.isa.compiler.decoder import Decoder, Geometry, divisors, extract, geometry, \
     grid_shapes
 from wse_emu.isa.compiler.emit import I32, Labels
-from wse_emu.isa.compiler.lines import LineKind, Shared, _Count, call_cycles, \
+from wse_emu.isa.compiler.lines import InstrCount, LineKind, Shared, call_cycles, \
     cycles as line_cycles, routes, setup_flags, setup_roles
 from wse_emu.isa.compiler.lower import CompileError, Plan
 from wse_emu.isa.compiler.pack import CompileReport, Weights, part_name, with_model
@@ -190,11 +191,6 @@ def _layer_data(dec: Decoder, geo: Geometry, dtype: str, seqs: int = 1) -> int:
             + seqs * map_attention.cache_bytes(geo, wb) + map_attention.buffer_bytes(geo) + bufs)
 
 
-def _layer_sram(dec: Decoder, geo: Geometry, machine, dtype: str, seqs: int = 1) -> int:
-    """SRAM a layer PE needs: its code (layer_code_bytes) and its data."""
-    return layer_code_bytes(dec, geo, machine, dtype, seqs) + _layer_data(dec, geo, dtype, seqs)
-
-
 CODE_BOUND = 8 * 1024  # more than any layer PE's code counts (about 4-5 KB)
 
 
@@ -231,7 +227,7 @@ def _layer_code(dec: Decoder, geo: Geometry, machine, dtype: str, seqs: int) -> 
     def dry():
         ctx = _DryRun(geo, dtype, machine, bool(dec.rope_theta), dec.family == "gpt2",
                       mp.line_groups)
-        ctx.rb, ctx.seqs = _Count(), seqs
+        ctx.rb, ctx.seqs = InstrCount(), seqs
         ctx.cache_regs = (KOFF, VOFF) if seqs > 1 else None
         return ctx
     ctx = dry()
