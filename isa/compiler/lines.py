@@ -23,6 +23,16 @@ each group's root, then a chain over the group roots on colors the PEs between o
 through; the same five colors read as (intra0, intra1, inter0, inter1, bcast). Each PE's role
 (`role`) is computed once at the region's start (`setup_roles`) into a register, and every
 allreduce branches on its bits. `cycles(..., group=G)` prices it; `best_group` picks G.
+
+Shared routines (`Shared`): the ISA has no call or indirect jump, so where a region makes
+several allreduces of one (line, op, broadcast) kind and one copy takes fewer instructions
+than the copies inline (`pays`), the region holds one routine for the kind after its halt. A
+call points d13 at the block, sets SELECT (r1) to the site's index among the kind's calls and
+LENGTH (r2) to the block length, and jumps; the routine (the same code, with a `dlen` from
+LENGTH after every dfin and dfout) ends with a chain of `beq` on SELECT back to the sites.
+SELECT and LENGTH are the regions' temporaries, which no caller keeps across an allreduce;
+the routine touches no other register than the dispatch's (SCRATCH, the role or flag
+registers, the position register). `call_cycles` prices a call.
 """
 
 from __future__ import annotations
@@ -31,6 +41,9 @@ from dataclasses import dataclass
 
 ZR = "r15"  # always zero
 SCRATCH = "r11"  # the dispatch's compare register
+# a shared routine's return selector and block length: the regions' temporaries, which no
+# code keeps across an allreduce
+SELECT, LENGTH = "r1", "r2"
 
 
 @dataclass(frozen=True)
@@ -145,20 +158,38 @@ def setup_roles(rb, line: LineKind, rect_of=None) -> None:
     rb.label(done)
 
 
-def _two_phase(rb, labels, line: LineKind, n: int, vop, broadcast: bool) -> None:
-    """The two-phase allreduce's code (role): d13 holds the block."""
+def _fabric(rb, n):
+    """dfin and dfout of n wavelets: n an int, or a register (a shared routine's block
+    length, LENGTH) that `dlen` sets after each."""
+    if isinstance(n, int):
+        return (lambda d, c: rb.dfin(d, "f32", c, n)), (lambda d, c: rb.dfout(d, "f32", c, n))
+
+    def fin(d, c):
+        rb.dfin(d, "f32", c, 0)
+        rb.dlen(d, n)
+
+    def fout(d, c):
+        rb.dfout(d, "f32", c, 0)
+        rb.dlen(d, n)
+    return fin, fout
+
+
+def _two_phase(rb, labels, line: LineKind, n, vop, broadcast: bool) -> None:
+    """The two-phase allreduce's code (role): d13 holds the block (n wavelets: an int, or the
+    register that holds it)."""
     A, C, bc = line.colors[0:2], line.colors[2:4], line.colors[4]
     R, S = line.role_reg, SCRATCH
     groot, root, end, recv, done = (labels("tp_groot"), labels("tp_root"), labels("tp_end"),
                                     labels("tp_recv"), labels("tp_done"))
+    fin, fout = _fabric(rb, n)
 
     def relay(cin, cout):
-        rb.dfin("d14", "f32", cin, n)
-        rb.dfout("d15", "f32", cout, n)
+        fin("d14", cin)
+        fout("d15", cout)
         vop("d15", "d14", "d13")
 
     def send(cout):
-        rb.dfout("d15", "f32", cout, n)
+        fout("d15", cout)
         rb.vmov("d15", "d13")
 
     def on_bit(bit, if_set, if_clear):
@@ -191,7 +222,7 @@ def _two_phase(rb, labels, line: LineKind, n: int, vop, broadcast: bool) -> None
     rb.label(groot)
 
     def intra_in(color):
-        rb.dfin("d14", "f32", color, n)
+        fin("d14", color)
         vop("d13", "d14", "d13")
     no_intra = labels("tp_nointra")
     rb.andi(S, R, 1)
@@ -203,17 +234,17 @@ def _two_phase(rb, labels, line: LineKind, n: int, vop, broadcast: bool) -> None
     rb.jmp(recv)
     rb.label(root)
     if line.root > 0:
-        rb.dfin("d14", "f32", C[0], n)
+        fin("d14", C[0])
         vop("d13", "d14", "d13")
-    rb.dfin("d14", "f32", C[1], n)
+    fin("d14", C[1])
     vop("d13", "d14", "d13")
     if broadcast:
-        rb.dfout("d15", "f32", bc, n)
+        fout("d15", bc)
         rb.vmov("d15", "d13")
     rb.jmp(done)
     rb.label(recv)
     if broadcast:
-        rb.dfin("d14", "f32", bc, n)
+        fin("d14", bc)
         rb.vmov("d13", "d14")
     rb.label(done)
 
@@ -242,20 +273,26 @@ def allreduce(rb, labels, line: LineKind, buf, n: int, op: str = "add",
               broadcast: bool = True) -> None:
     """The line's allreduce of the n fp32 values at SRAM address buf, in place. With
     broadcast=False only the root (position line.root) ends with the result (a reduce)."""
-    L = line.length
-    if L == 1 or n == 0:
+    if line.length == 1 or n == 0:
         return
+    rb.dmem("d13", "f32", buf, n)
+    _body(rb, labels, line, n, op, broadcast)
+
+
+def _body(rb, labels, line: LineKind, n, op: str, broadcast: bool) -> None:
+    """The allreduce of the block d13 holds: n wavelets, an int or (a shared routine) the
+    register holding it."""
+    L = line.length
     m = line.root
     lo, hi, bc = line.colors[0:2], line.colors[2:4], line.colors[4]
     vop = rb.vadd if op == "add" else rb.vmax
     rp = line.pos_reg
     if line.group:
-        rb.dmem("d13", "f32", buf, n)
         _two_phase(rb, labels, line, n, vop, broadcast)
         return
     left, root, done, recv = (labels("ar_left"), labels("ar_root"), labels("ar_done"),
                               labels("ar_recv"))
-    rb.dmem("d13", "f32", buf, n)
+    fin, fout = _fabric(rb, n)
     flags = line.flags
     if flags:
         rb.bne(flags[0], ZR, root)
@@ -268,12 +305,12 @@ def allreduce(rb, labels, line: LineKind, buf, n: int, op: str = "add",
         rb.beq(rp, SCRATCH, root)
 
     def relay(cin, cout):
-        rb.dfin("d14", "f32", cin, n)
-        rb.dfout("d15", "f32", cout, n)
+        fin("d14", cin)
+        fout("d15", cout)
         vop("d15", "d14", "d13")
 
     def end(cout):
-        rb.dfout("d15", "f32", cout, n)
+        fout("d15", cout)
         rb.vmov("d15", "d13")
 
     def by_parity(even, odd):
@@ -315,19 +352,114 @@ def allreduce(rb, labels, line: LineKind, buf, n: int, op: str = "add",
         rb.jmp(recv)
     rb.label(root)
     if m > 0:
-        rb.dfin("d14", "f32", lo[(m - 1) % 2], n)
+        fin("d14", lo[(m - 1) % 2])
         vop("d13", "d14", "d13")
-    rb.dfin("d14", "f32", hi[(m + 1) % 2], n)
+    fin("d14", hi[(m + 1) % 2])
     vop("d13", "d14", "d13")
     if broadcast:
-        rb.dfout("d15", "f32", bc, n)
+        fout("d15", bc)
         rb.vmov("d15", "d13")
     rb.jmp(done)
     rb.label(recv)
     if broadcast:
-        rb.dfin("d14", "f32", bc, n)
+        fin("d14", bc)
         rb.vmov("d13", "d14")
     rb.label(done)
+
+
+# ---------------------------------------------------------------------------------------------
+# shared routines: one copy of each (line, op, broadcast) allreduce in a region's code
+
+class InstrCount:
+    """A RegionBuilder stand-in that counts the instructions emitted."""
+
+    def __init__(self):
+        self.n = 0
+
+    def label(self, name) -> None:
+        pass
+
+    def __getattr__(self, name):
+        def emit(*a, **k):
+            self.n += 1
+        return emit
+
+
+def body_size(line: LineKind, op: str, broadcast: bool, shared: bool) -> int:
+    """Instructions of an allreduce's code after its dmem: inline, or the shared routine's
+    (with a dlen after every dfin and dfout, without the return chain)."""
+    rb = InstrCount()
+    _body(rb, lambda stem: stem, line, LENGTH if shared else 1, op, broadcast)
+    return rb.n
+
+
+def pays(line: LineKind, op: str, broadcast: bool, sites: int) -> bool:
+    """Whether one shared routine for `sites` call sites takes fewer instructions than the
+    code inline at each: a call is the dmem, two li and a jmp, the routine adds its dlens and
+    a return chain of 2 (sites - 1) instructions."""
+    if sites < 2 or line.length == 1:
+        return False
+    inline = sites * (1 + body_size(line, op, broadcast, False))
+    return sites * CALL + body_size(line, op, broadcast, True) + 2 * (sites - 1) < inline
+
+
+CALL = 4  # a call's instructions: dmem d13, li SELECT, li LENGTH, jmp
+
+
+def call_cycles(machine, line: LineKind, broadcast: bool, index: int, sites: int) -> int:
+    """Cycles a call of a shared routine adds to the allreduce (call site `index` of
+    `sites`): the call's two li and jmp, the dlens on the path the result waits for (the
+    root's receives and its broadcast; in the two-phase form also the far end's send, which
+    the chain form's longer dispatch hides) and the return chain to the site."""
+    sc = machine.scalar_cycles
+    back = 2 * index + 1 if index < sites - 1 else 2 * sites - 2
+    waits = (2 if line.root > 0 else 1) + (1 if broadcast else 0) + (1 if line.group else 0)
+    return sc * (3 + waits + back)
+
+
+class Shared:
+    """The shared allreduces of one region. `sites` maps (line, op, broadcast) to the call
+    sites the region's code has (a dry run counts them); those where sharing pays (`pays`)
+    become one routine each, emitted by `routines` after the region's halt, and every call
+    site sets SELECT to its index, LENGTH to its block length and jumps there; the routine
+    ends with a chain of beq on SELECT back to the sites. The others stay inline."""
+
+    def __init__(self, sites: dict):
+        self.sites = dict(sites)
+        self.shared = {key for key, k in self.sites.items() if pays(*key, k)}
+        self.returns: dict = {key: [] for key in self.shared}  # key -> return labels
+        self.entry: dict = {}
+
+    def allreduce(self, rb, labels, line: LineKind, buf, n: int, op: str = "add",
+                  broadcast: bool = True) -> None:
+        """allreduce(), as a call of the shared routine when its kind has one."""
+        key = (line, op, broadcast)
+        if key not in self.shared or line.length == 1 or n == 0:
+            allreduce(rb, labels, line, buf, n, op, broadcast)
+            return
+        if key not in self.entry:
+            self.entry[key] = labels(f"ar_{line.axis}_{op}")
+        back = labels("ar_back")
+        rb.dmem("d13", "f32", buf, n)
+        rb.li(SELECT, len(self.returns[key]))
+        rb.li(LENGTH, n)
+        rb.jmp(self.entry[key])
+        rb.label(back)
+        self.returns[key].append(back)
+
+    def routines(self, rb, labels) -> None:
+        """The shared routines, each ending with its return chain (after the region's halt:
+        only the calls reach them)."""
+        for key, entry in self.entry.items():
+            line, op, broadcast = key
+            rb.label(entry)
+            _body(rb, labels, line, LENGTH, op, broadcast)
+            rets = self.returns[key]
+            for k, back in enumerate(rets[:-1]):
+                if k:
+                    rb.addi(SELECT, SELECT, -1)
+                rb.beq(SELECT, ZR, back)
+            rb.jmp(rets[-1])
 
 
 def routes(add, line: LineKind, x0: int, y0: int, w: int, h: int, broadcast: bool = True):

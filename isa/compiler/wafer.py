@@ -6,7 +6,8 @@ the grid, products followed by line allreduces, the KV cache spread over the gri
 
 is one function of named passes: extract (the plan's layers), choose (the grid (R, C) from
 the cost model), place (grids in bands, snaking), route (allreduce lines, hand-offs, buses),
-codegen (one region per grid, through the strategies of STRATEGIES), pack.
+codegen (one region per grid, through the strategies of STRATEGIES; a layer's line allreduces
+of one kind as one shared routine, lines.Shared), pack.
 
 Placement. Row 0 of the fabric holds the RoPE sources (one PE a grid column), column 0 the
 mask sources (one PE a grid row); grids sit on a lattice of slots C columns wide from (1, 1),
@@ -42,7 +43,7 @@ color, which is free there when every wafer between two others has two bands or 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -53,8 +54,8 @@ from wse_emu.isa.compiler import map_attention, map_elementwise, map_embedding, 
 from wse_emu.isa.compiler.decoder import Decoder, Geometry, divisors, extract, geometry, \
     grid_shapes
 from wse_emu.isa.compiler.emit import I32, Labels
-from wse_emu.isa.compiler.lines import LineKind, allreduce, cycles as line_cycles, routes, \
-    setup_flags, setup_roles
+from wse_emu.isa.compiler.lines import InstrCount, LineKind, Shared, call_cycles, \
+    cycles as line_cycles, routes, setup_flags, setup_roles
 from wse_emu.isa.compiler.lower import CompileError, Plan
 from wse_emu.isa.compiler.pack import CompileReport, Weights, part_name, with_model
 from wse_emu.isa.compiler.placement import WEIGHT_BYTES
@@ -62,6 +63,7 @@ from wse_emu.isa.compiler.predict import Cost, pipelined_cycles
 from wse_emu.isa.errors import BuildError
 from wse_emu.isa.machine import MAX_CHIPS, system_of
 from wse_emu.isa.program import Rect
+from wse_emu.isa.spec import INSTR_BYTES
 
 # One entry a mapping strategy: its module holds its tiling, its routes' needs and its code.
 STRATEGIES = {
@@ -101,7 +103,6 @@ def levels(geo: Geometry) -> int:
 
 def diag_color(level: int) -> int:
     return (DIAG, READY)[level]
-CODE_BYTES = 8 * 1024  # SRAM kept for a layer PE's code (measured: about 5-7 KB)
 
 
 @dataclass
@@ -182,11 +183,77 @@ def _snake(items: list, per_band: int) -> int | None:
     return band + 1
 
 
-def _layer_sram(geo: Geometry, dtype: str, biases: bool, seqs: int = 1) -> int:
+def _layer_data(dec: Decoder, geo: Geometry, dtype: str, seqs: int = 1) -> int:
+    """SRAM a layer PE's data takes: weight tiles, KV caches (seqs of them) and buffers."""
     wb = WEIGHT_BYTES[dtype]
     bufs = 4 * (3 * geo.K + geo.Mqkv + 1 + geo.M1 + 2) + 2 * geo.K * wb * 2
-    return (CODE_BYTES + map_gemv.tile_bytes(geo, wb, biases)
+    return (map_gemv.tile_bytes(geo, wb, dec.family == "gpt2")
             + seqs * map_attention.cache_bytes(geo, wb) + map_attention.buffer_bytes(geo) + bufs)
+
+
+CODE_BOUND = 8 * 1024  # more than any layer PE's code counts (about 4-5 KB)
+
+
+def _layer_fits(dec: Decoder, geo: Geometry, machine, dtype: str, seqs: int = 1) -> bool:
+    """Whether a layer PE's code and data fit its SRAM. The code is counted (layer_code_bytes)
+    only when the data leave less than CODE_BOUND bytes free: counting takes dry runs of the
+    grid's code, too slow for every candidate grid of a large model. (_pack checks the
+    program's real SRAM.)"""
+    free = machine.sram_bytes - _layer_data(dec, geo, dtype, seqs)
+    return free >= CODE_BOUND or (free > 0 and layer_code_bytes(dec, geo, machine, dtype,
+                                                                 seqs) <= free)
+
+
+def layer_code_bytes(dec: Decoder, geo: Geometry, machine, dtype: str, seqs: int = 1) -> int:
+    """The bytes of a layer PE's code, counted before any layout (the code does not depend on
+    where the data sits): a dry run of the region's code with the grid's line forms and
+    shared allreduces, and the largest receiver and sender a placement can give it (in by a
+    diagonal, a crossing or the embedding's bus; out by a diagonal, a crossing or along the
+    rows). Cached on the decoder by grid, whatever the context (a context's binary search
+    asks for the same grid again; the context changes immediates, not instructions)."""
+    cache = dec.__dict__.setdefault("code_bytes", {})
+    key = (replace(geo, ctx=0), machine.name, dtype, seqs)
+    if key not in cache:
+        cache[key] = INSTR_BYTES * _layer_code(dec, geo, machine, dtype, seqs)
+    return cache[key]
+
+
+def _layer_code(dec: Decoder, geo: Geometry, machine, dtype: str, seqs: int) -> int:
+    mp = Mapping(dec, geo, [], [], (0, 0), 0, line_groups=line_forms(dec, geo, machine, dtype),
+                 seqs=seqs)
+    em = _Emitter.__new__(_Emitter)  # the code emitters alone: no ProgramBuilder, no data
+    em.mp, em.machine, em.dtype, em.geo, em.seqs = mp, machine, dtype, geo, seqs
+
+    def dry():
+        ctx = _DryRun(geo, dtype, machine, bool(dec.rope_theta), dec.family == "gpt2",
+                      mp.line_groups)
+        ctx.rb, ctx.seqs = InstrCount(), seqs
+        ctx.cache_regs = (KOFF, VOFF) if seqs > 1 else None
+        return ctx
+    ctx = dry()
+    ctx.share = Shared(layer_sites(mp, machine, dtype))
+    em.position_regs(ctx.rb, Item("layer", 0, geo.C, 1))
+    em.loop(ctx, lambda: _layer_body(ctx, dec.layers[0], None, None))
+    ctx.rb.halt()
+    ctx.share.routines(ctx.rb, ctx.labels)
+    code = ctx.rb.n
+    prev, it, nxt = (Item("layer", k, geo.C, 1, slot=k, chip=k) for k in range(3))
+    mp.items = [prev, it, nxt]
+    ends = []
+    for which, kinds in (("receiver", ("diag", "cross", "east", "west", "bus")),
+                         ("sender", ("diag", "cross", "east", "west"))):
+        most = 0
+        for kind in kinds:
+            ctx = dry()
+            if which == "receiver":
+                it.handoff_in = kind
+                em.receiver(ctx, it, 1)()
+            else:
+                nxt.handoff_in = kind
+                em.sender(ctx, it, 1)()
+            most = max(most, ctx.rb.n)
+        ends.append(most)
+    return code + sum(ends)
 
 
 def _arrange(dec: Decoder, geo: Geometry, machine, dtype: str, exact: bool,
@@ -354,8 +421,7 @@ def choose(dec: Decoder, machine, dtype: str, exact: bool, grid=None,
         shapes = [want]
     for shape in shapes:
         geo = geometry(dec, shape)
-        need = _layer_sram(geo, dtype, biases, seqs)
-        if need > machine.sram_bytes:
+        if not _layer_fits(dec, geo, machine, dtype, seqs):
             continue
         # the embedding's and head's columns as a functional program takes them (dividing
         # the tables' rows) where they fit, also shape-only on a rectangle, so that its
@@ -400,6 +466,16 @@ def line_forms(dec: Decoder, geo: Geometry, machine, dtype: str) -> tuple:
     return tuple(out)
 
 
+def layer_sites(mp: Mapping, machine, dtype: str) -> dict:
+    """(line, op, broadcast) -> call sites of a layer's allreduces (a dry run counts them):
+    what decides which become shared routines (lines.Shared)."""
+    dec = mp.dec
+    dry = _DryRun(mp.geo, dtype, machine, bool(dec.rope_theta), dec.family == "gpt2",
+                  mp.line_groups)
+    _layer_body(dry, dec.layers[0], receive=None, send=None)
+    return dry.sites
+
+
 def split_costs(mp: Mapping, machine, dtype: str) -> tuple:
     """(layer, embed, head, crossing) predicted cycles for balancing the wafers' groups."""
     p = predict(mp, machine, dtype)
@@ -412,7 +488,7 @@ def _refusal(dec, machine, dtype, exact, biases, sides, name, seqs: int = 1) -> 
     """One line: why no grid fits; the wafers that would hold the model, or the largest
     max_context that would fit (with seqs KV caches a layer)."""
     fitting = [g for g in sides
-               if _layer_sram(geometry(dec, g), dtype, biases, seqs) <= machine.sram_bytes]
+               if _layer_fits(dec, geometry(dec, g), machine, dtype, seqs)]
     caches = f" with {seqs} sequences' KV caches" if seqs > 1 else ""
     fit = _fitting_context(dec, machine, dtype, exact, biases, sides, seqs)
     if seqs > 1 and fit:  # the caches are what does not fit: a shorter context first
@@ -473,7 +549,7 @@ def _fitting_context(dec, machine, dtype, exact, biases, sides, seqs: int) -> in
         lo, hi = 0, dec.max_context
         while lo < hi:  # the largest context whose layer fits SRAM
             mid = (lo + hi + 1) // 2
-            if _layer_sram(geometry(dec, g, mid), dtype, biases, seqs) <= machine.sram_bytes:
+            if _layer_fits(dec, geometry(dec, g, mid), machine, dtype, seqs):
                 lo = mid
             else:
                 hi = mid - 1
@@ -501,6 +577,7 @@ def predict(mp: Mapping, machine, dtype: str) -> dict:
     dry = _DryRun(geo, dtype, machine, bool(dec.rope_theta), dec.family == "gpt2",
                   mp.line_groups)
     layer = dec.layers[0]
+    dry.share = Shared(layer_sites(mp, machine, dtype))
     _layer_body(dry, layer, receive=None, send=None)
     body = dry.total()
     out = {"embed": map_embedding.cycles(dry.cost, geo.K)}
@@ -574,6 +651,8 @@ class _Ctx:
         self.rope, self.biases = rope, biases
         self.col, self.row = line_kinds(geo, groups)
         self.calls: list = []  # (line colors, n, broadcast) of every allreduce, in order
+        self.sites: dict = {}  # (line, op, broadcast) -> allreduces of that kind so far
+        self.share = Shared({})  # the region's shared routines (none: all inline)
         self.seg = LineKind("row", geo.s, SEG, "r12")
         self.colors = {"mask": MASK, "rope": ROPE}
         self.bufs: dict = {}
@@ -584,9 +663,19 @@ class _Ctx:
         self.charges.append((what, cycles))
 
     def allreduce(self, line, buf, n, op="add", what="allreduce", broadcast=True) -> None:
-        allreduce(self.rb, self.labels, line, buf, n, op, broadcast)
+        """The allreduce inline, or a call of the region's shared routine for its kind
+        (lines.Shared), with its cycles."""
+        self.share.allreduce(self.rb, self.labels, line, buf, n, op, broadcast)
         self.calls.append((line.colors, n, broadcast))
-        self.charge(what, line_cycles(self.machine, line.length, n, broadcast, line.group))
+        cycles = line_cycles(self.machine, line.length, n, broadcast, line.group)
+        key = (line, op, broadcast)
+        if line.length > 1 and n > 0:
+            index = self.sites.get(key, 0)
+            self.sites[key] = index + 1
+            if key in self.share.shared:
+                cycles += call_cycles(self.machine, line, broadcast, index,
+                                      self.share.sites[key])
+        self.charge(what, cycles)
 
     def buf(self, name):
         return self.bufs[name]
@@ -668,6 +757,7 @@ class _Emitter:
         self.padded: dict = {}  # zero-padded weight copies (map_gemv.padded), once a program
         self.stages: list = []  # region metadata, in region order
         self.seqs = mp.seqs
+        self.sites = None  # a layer's allreduce call sites (layer_sites), once a program
         pb.tensor("default_position_ids", np.zeros(self.seqs, dtype=np.int32))
 
     def region(self, kind: str, name: str, layer: int, x, y, w, h):
@@ -839,6 +929,9 @@ class _Emitter:
         rb = self.region("layer", f"layers.{it.index}", it.index, it.x0(geo), it.y0(geo), geo.C,
                          geo.R)
         ctx = self.ctx(rb)
+        if self.sites is None:
+            self.sites = layer_sites(self.mp, self.machine, dtype)
+        ctx.share = Shared(self.sites)
         wb = WEIGHT_BYTES[dtype]
         K = geo.K
         b = ctx.bufs
@@ -865,6 +958,7 @@ class _Emitter:
                                            self.sender(ctx, it, k)),
                   map_attention.strides(geo, dtype))
         rb.halt()
+        ctx.share.routines(rb, ctx.labels)
 
     def head(self, it, k: int) -> None:
         geo, dtype = self.geo, self.dtype

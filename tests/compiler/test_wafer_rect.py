@@ -162,3 +162,21 @@ def test_shape_only_takes_the_functional_grid_and_code_on_a_rectangle(tmp_path):
     assert a.grid == b.grid and isinstance(a.grid, str)  # a rectangle is the pick here
     assert [r.code for r in full.regions] == [r.code for r in shape.regions]
     assert [r.rect for r in full.regions] == [r.rect for r in shape.regions]
+
+
+def test_counted_layer_code_covers_the_compiled_code(wse3, tmp_path):
+    """wafer.layer_code_bytes (what the grid choice keeps for a layer PE's code where SRAM is
+    tight) is at least every compiled layer region's code, whatever hand-offs its placement
+    gave it: along a band, down a diagonal, across wafers, with sequences in flight."""
+    from wse_emu.isa.compiler.wafer import layer_code_bytes
+    path = make_llama(tmp_path, seed=7, layers=4, **SMALL_LLAMA)
+    dec = extract(lower(bind_positions(load_graph(path, max_context=CTX), 1)))
+    two = system_of(load_machine("test64"), 2)
+    for machine, grid, seqs in ((wse3, "6x8", 1), (wse3, "12x6", 1), (wse3, None, 2),
+                                (two, None, 1)):
+        program, report = compile_model(path, machine, max_context=CTX, grid=grid,
+                                        sequences=seqs)
+        R, C = parse_grid(str(report.grid))
+        counted = layer_code_bytes(dec, geometry(dec, (R, C)), machine, "f32", seqs)
+        code = [8 * len(r.code) for r in program.regions if ".layers." in r.name]
+        assert max(code) <= counted <= max(code) + 8 * 40, (grid, seqs, counted, code)
