@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))  # programs.conftest builds the gemv
 
 from wse_emu.emulator import core  # noqa: E402
 from wse_emu.emulator.core import run  # noqa: E402
-from wse_emu.emulator.demo import DEMO_CONFIG, PROMPT, write_gpt2  # noqa: E402
+from wse_emu.apps.demo import DEMO_CONFIG, PROMPT, write_gpt2  # noqa: E402
 from wse_emu.emulator.generate import Generator  # noqa: E402
 from wse_emu.emulator.load import load, write_input  # noqa: E402
 from wse_emu.isa.compiler.pipeline import compile_model  # noqa: E402

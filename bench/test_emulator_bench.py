@@ -90,7 +90,7 @@ def test_help_starts_fast(benchmark):
     python_s = best_of(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True))
     benchmark.extra_info.update(python_startup_seconds=python_s)
     env = dict(os.environ)
-    probe = subprocess.run([sys.executable, "-c", "import sys, wse_emu.emulator.cli; "
+    probe = subprocess.run([sys.executable, "-c", "import sys, wse_emu.apps.cli; "
                             "print('numba' in sys.modules)"], capture_output=True, text=True,
                            env=env, check=True)
     assert probe.stdout.strip() == "False"

@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 from bench.conftest import best_of, record
-from wse_emu.emulator.benchsuite import BUILTIN_MODELS
+from wse_emu.apps.benchsuite import BUILTIN_MODELS
 from wse_emu.isa.machine import load_machine
 from wse_emu.isa.compiler.pipeline import compile_model, load_graph
 from wse_emu.isa.graph_numpy import GraphRunner
@@ -117,7 +117,7 @@ def bf16_gpt2(folder, config: dict):
     """demo.write_gpt2's random GPT-2, every weight rounded to the nearest bf16 value."""
     from safetensors.numpy import load_file, save_file
 
-    from wse_emu.emulator.demo import write_gpt2
+    from wse_emu.apps.demo import write_gpt2
 
     write_gpt2(folder, config)
     tensors = load_file(str(folder / "model.safetensors"))

@@ -28,7 +28,7 @@ import numpy as np
 from wse_emu.emulator.load import LoadError, PageSnapshot, load, read_output, write_input
 from wse_emu.isa.machine import Machine, load_machine
 from wse_emu.emulator.result import RUN_HALTED
-from wse_emu.isa.program import Program
+from wse_emu.isa.program import Program, pipelined_cycles
 
 
 KERNEL = -2  # the "layer" of every core of an HBM-target kernel (isa/compiler/hbm.py)
@@ -331,10 +331,8 @@ class Generator:
 
     def predicted_cycles(self) -> int:
         """The compiler's predicted cycles of a run: the wafer mapping's parts in series (one
-        sequence) or pipelined over the sequences (isa.compiler.predict.pipelined_cycles); 0
-        for programs without a prediction."""
-        from wse_emu.isa.compiler.predict import pipelined_cycles
-
+        sequence) or pipelined over the sequences (isa.program.pipelined_cycles); 0 for
+        programs without a prediction."""
         return pipelined_cycles({name: c for name, c, _ in self._timed_parts}, self.sequences)
 
     def _parts_result(self, timed: dict, n: int) -> dict:

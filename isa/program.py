@@ -288,6 +288,22 @@ class ModelInfo:
         return {r: p for p in self.parts for r in p.regions}
 
 
+def pipelined_cycles(parts: dict, sequences: int = 1) -> int:
+    """Predicted cycles of a step that carries `sequences` tokens, one a sequence, through
+    regions connected by dataflow (the wafer mapping): the first sequence crosses every part
+    in series, and each later one leaves the slowest part one period of that part after the
+    one before it (part k works on sequence s while part k + 1 works on s - 1).
+    parts: part name -> predicted cycles of one sequence's pass through it.
+
+    A formula over the parts' predictions that ModelInfo records, so it lives beside them:
+    the compiler sums its prediction with it, and the host driver (emulator/generate.py)
+    reports it beside the emulated cycles without importing the compiler."""
+    if not parts:
+        return 0
+    values = [int(v) for v in parts.values()]
+    return sum(values) + (max(sequences, 1) - 1) * max(values)
+
+
 @dataclass(frozen=True)
 class Program:
     name: str

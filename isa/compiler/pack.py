@@ -78,7 +78,7 @@ class CompileReport:
     # predicted_cycles (its layers, the embedding or the crossing into it, the head)}
     wafers: list = field(default_factory=list)
     sequences: int = 1  # independent sequences in flight (B KV caches, B tokens a step)
-    # the predicted cycles of a step of all B sequences (isa.compiler.predict.pipelined_cycles)
+    # the predicted cycles of a step of all B sequences (isa.program.pipelined_cycles)
     step_cycles: int = 0
 
     def layers(self) -> dict:

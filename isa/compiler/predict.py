@@ -8,6 +8,10 @@ one op per column of the tile); otherwise the tile is one op.
 
 from __future__ import annotations
 
+# a step's pipelined cycles are a formula over the parts ModelInfo records, defined beside it
+# (isa/program.py) so that the emulator's host driver needs no compiler; named here too, for
+# the compiler's modules that import it with Cost
+from wse_emu.isa.program import pipelined_cycles  # noqa: F401
 from wse_emu.isa.spec import DTYPES, simd_key
 
 try:  # the one definition of the op costs, shared with the emulator
@@ -52,14 +56,3 @@ class Cost:
         """A message of n wavelets from a PE's op start to its tail's delivery `hops` away."""
         return self.m.issue_overhead + 1 + 2 * self.m.ramp_latency + hops * self.m.hop_latency + n
 
-
-def pipelined_cycles(parts: dict, sequences: int = 1) -> int:
-    """Predicted cycles of a step that carries `sequences` tokens, one a sequence, through
-    regions connected by dataflow (the wafer mapping): the first sequence crosses every part
-    in series, and each later one leaves the slowest part one period of that part after the
-    one before it (part k works on sequence s while part k + 1 works on s - 1).
-    parts: part name -> predicted cycles of one sequence's pass through it."""
-    if not parts:
-        return 0
-    values = [int(v) for v in parts.values()]
-    return sum(values) + (max(sequences, 1) - 1) * max(values)

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from wse_emu.emulator.cli import main
+from wse_emu.apps.cli import main
 
 WSE_EMU = Path(sys.executable).parent / "wse-emu"
 REPO = Path(__file__).resolve().parents[2]

@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from wse_emu.emulator.benchreport import markdown, violations
-from wse_emu.emulator.benchsuite import (CONTEXT_LADDER, Case, ModelFigures, critical_path,
+from wse_emu.apps.benchreport import markdown, violations
+from wse_emu.apps.benchsuite import (CONTEXT_LADDER, Case, ModelFigures, critical_path,
                                  machine_json, measure, model_figures)
 from wse_emu.isa.machine import load_machine
 
@@ -201,7 +201,7 @@ def test_bench_leaves_the_peak_memory_mark_alone(monkeypatch, tmp_path):
     `time -v`) read as the process's peak: bench must never do it."""
     import pathlib
 
-    from wse_emu.emulator import benchsuite
+    from wse_emu.apps import benchsuite
 
     written = []
     original = pathlib.Path.write_text
@@ -291,7 +291,7 @@ def test_compiling_for_an_hbm_machine_makes_a_streaming_kernel(cli, tmp_path):
 def test_the_comparison_says_a_step_when_a_step_carries_several_sequences():
     """A GPU reads every weight once a step: a token at B = 1, a token of each sequence when
     batched, so the B > 1 comparison must not say "every token"."""
-    from wse_emu.emulator.benchreport import compare
+    from wse_emu.apps.benchreport import compare
 
     figures = dict(tokens_per_second=100.0, hbm_read_bytes_per_token=2e9,
                    hbm_write_bytes_per_token=0, weight_bytes_per_token=1.6e9,

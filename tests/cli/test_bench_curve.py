@@ -16,8 +16,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from wse_emu.emulator.benchreport import markdown, violations
-from wse_emu.emulator.benchsuite import (BUILTIN_MODELS, DEFAULT_MODELS, BenchError, Case,
+from wse_emu.apps.benchreport import markdown, violations
+from wse_emu.apps.benchsuite import (BUILTIN_MODELS, DEFAULT_MODELS, BenchError, Case,
                                          ModelFigures, machine_json, measure, parse_sequences)
 from wse_emu.isa.machine import load_machine
 
@@ -206,7 +206,7 @@ def test_bad_sequences_are_one_line(cli, user_error, tmp_path, value, fragment):
 
 
 def test_times_round_into_the_unit_they_are_shown_in():
-    from wse_emu.emulator.benchreport import fmt_bytes, fmt_seconds
+    from wse_emu.apps.benchreport import fmt_bytes, fmt_seconds
 
     assert fmt_seconds(0.9996) == "1 s" and fmt_seconds(0.9994) == "999 ms"
     assert fmt_seconds(9.9996e-7) == "1 us" and fmt_seconds(2.5e-7) == "250 ns"

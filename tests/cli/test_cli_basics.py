@@ -19,7 +19,7 @@ GPUS = [("a100", 108, 164, 80, 2.04), ("h100", 132, 228, 80, 3.35), ("h200", 132
 PROBE = """\
 import json, sys
 from click.testing import CliRunner
-from wse_emu.emulator.cli import main
+from wse_emu.apps.cli import main
 result = CliRunner().invoke(main, sys.argv[1:])
 print(json.dumps({"code": result.exit_code, "numba": "numba" in sys.modules,
                   "core": "wse_emu.emulator.core" in sys.modules,

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wse_emu.emulator.demo import write_gpt2
+from wse_emu.apps.demo import write_gpt2
 
 TINY = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 64, "n_layer": 2,
         "n_head": 4, "vocab_size": 128, "n_positions": 32, "layer_norm_epsilon": 1e-5,
@@ -86,7 +86,7 @@ def test_ctrl_c_stops_an_endless_run_with_130(spin, engine, signals):
 
 @pytest.mark.parametrize("command", ["generate", "bench"])
 def test_ctrl_c_in_generate_and_bench_is_130(model, cli, monkeypatch, command):
-    import wse_emu.emulator.benchsuite as bs
+    import wse_emu.apps.benchsuite as bs
     import wse_emu.emulator.generate as g
 
     def interrupted(*a, **k):
@@ -451,7 +451,7 @@ def test_plot_colour_scales_are_fixed(small_gemv, cli, tmp_path, monkeypatch):
 def test_compile_notice_only_when_numba_compiles():
     from numba import njit
 
-    from wse_emu.emulator.progress import NOTICE, compile_notice
+    from wse_emu.apps.progress import NOTICE, compile_notice
 
     lines = []
 
@@ -472,7 +472,7 @@ def test_compile_notice_only_when_numba_compiles():
 
 
 def test_progress_bar_draws_only_when_shown(capsys):
-    from wse_emu.emulator.progress import Bar
+    from wse_emu.apps.progress import Bar
 
     bar = Bar(4, "runs", show=False)
     bar.step()
@@ -488,7 +488,7 @@ def test_progress_bar_draws_only_when_shown(capsys):
 
 
 def test_run_progress_draws_a_bar_against_max_cycles_only_when_shown(capsys):
-    from wse_emu.emulator.cli import clear_status, run_progress
+    from wse_emu.apps.cli import clear_status, run_progress
 
     run_progress(False, 100)(50, 7)
     assert capsys.readouterr().err == ""

@@ -3,7 +3,7 @@ HBM baseline, both checked, so a wrong number cannot hide behind a nice tokens/s
 
 import re
 
-from wse_emu.emulator.demo import run_demo
+from wse_emu.apps.demo import run_demo
 
 
 def test_the_demo_runs_the_wafer_and_the_hbm_baseline_and_checks_both(capsys):

@@ -35,9 +35,12 @@ def test_the_wheel_installs_only_the_wse_emu_namespace(tmp_path):
         assert f"wse_emu/{folder}/spec.py" in names or any(
             n.startswith(f"wse_emu/{folder}/") and n.endswith(".py") for n in names)
     assert "wse_emu/isa/machines/wse3.toml" in names
+    # the applications: emulator/apps/ installs as wse_emu.apps, not inside the emulator
+    assert "wse_emu/apps/cli.py" in names
+    assert not any(n.startswith("wse_emu/emulator/apps/") for n in names)
     entry = zipfile.ZipFile(wheel).read(
         next(n for n in names if n.endswith("entry_points.txt"))).decode()
-    assert "wse-emu = wse_emu.emulator.cli:main" in entry
+    assert "wse-emu = wse_emu.apps.cli:main" in entry
 
 
 @pytest.mark.parametrize("name", FOLDERS)

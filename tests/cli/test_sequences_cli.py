@@ -14,7 +14,7 @@ SMALL = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size
 def compiled(tmp_path_factory, request):
     """The small model's config compiled shape-only for 3 sequences and for h100."""
     from click.testing import CliRunner
-    from wse_emu.emulator.cli import main
+    from wse_emu.apps.cli import main
     root = tmp_path_factory.mktemp("seqs")
     (root / "config.json").write_text(json.dumps(SMALL))
     for args in (["--sequences", "3", "-o", root / "s3.bin"],

@@ -69,7 +69,7 @@ def test_the_llama_3_8b_shape_fits_one_wse3_in_strips(tmp_path):
     2306 rows), every vector stage within one PE's SRAM."""
     import json
 
-    from wse_emu.emulator.benchsuite import BUILTIN_MODELS
+    from wse_emu.apps.benchsuite import BUILTIN_MODELS
 
     (tmp_path / "config.json").write_text(json.dumps(BUILTIN_MODELS["llama-3-8b"]))
     wse3 = load_machine("wse3")

@@ -220,7 +220,7 @@ def test_the_llama_3_8b_shape_decodes_on_h100_timing_only(tmp_path):
     """The issue's full-size model on the real preset (132 SMs, 80 GB): shape-only compile,
     one timing-only decode token at the last position of a 1024 context; every weight byte
     crosses HBM, and the token is slower than the bandwidth floor but within 2x of it."""
-    from wse_emu.emulator.benchsuite import BUILTIN_MODELS
+    from wse_emu.apps.benchsuite import BUILTIN_MODELS
 
     (tmp_path / "config.json").write_text(json.dumps(BUILTIN_MODELS["llama-3-8b"]))
     h100 = load_machine("h100")

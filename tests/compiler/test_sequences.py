@@ -15,7 +15,7 @@ from wse_emu.emulator.load import LoadError
 from wse_emu.isa.binfmt import check_program, dumps, loads
 from wse_emu.isa.compiler import compile_model
 from wse_emu.isa.compiler.lower import CompileError
-from wse_emu.isa.compiler.predict import pipelined_cycles
+from wse_emu.isa.program import pipelined_cycles
 from wse_emu.isa.errors import FormatError
 from wse_emu.isa.machine import load_machine
 

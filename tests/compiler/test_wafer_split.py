@@ -209,7 +209,7 @@ def test_generate_and_bench_put_the_prediction_beside_the_emulated_step(tmp_path
     """Generator.parts: every part's predicted and emulated cycles a step, the crossing with
     the layer after it; the emulated parts add up to the step, the predicted to the model's
     prediction (which bench reports too)."""
-    from wse_emu.emulator.benchsuite import predicted_cycles
+    from wse_emu.apps.benchsuite import predicted_cycles
     from wse_emu.emulator.generate import Generator
     folder = _folder(tmp_path, "m", SMALL)
     machine = load_machine("test64x2")

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wse_emu.emulator.demo import write_gpt2
+from wse_emu.apps.demo import write_gpt2
 from wse_emu.emulator.generate import Generator
 from wse_emu.emulator.load import LoadError, load
 from wse_emu.isa.compiler.pipeline import compile_model

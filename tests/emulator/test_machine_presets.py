@@ -109,7 +109,7 @@ def test_machines_lists_the_systems():
     """`wse-emu machines` ends with the systems: NAMExN for any preset, each preset's links."""
     from click.testing import CliRunner
 
-    from wse_emu.emulator.cli import main
+    from wse_emu.apps.cli import main
 
     out = CliRunner().invoke(main, ["machines"])
     assert out.exit_code == 0

@@ -99,6 +99,6 @@ def test_the_cli_help_names_the_region_limit():
     for --help): it must be REGION_ROWS."""
     from click.testing import CliRunner
 
-    from wse_emu.emulator.cli import main
+    from wse_emu.apps.cli import main
     out = CliRunner().invoke(main, ["info", "--help"]).output
     assert f"first {REGION_ROWS}," in " ".join(out.split())

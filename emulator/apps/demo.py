@@ -54,11 +54,11 @@ def write_gpt2(folder: Path, config: dict, seed: int = 0) -> Path:
 def run_demo(machine_name: str = "wse3", tokens: int = 8, show: bool = False) -> int:
     """Print the demo; 0 when the emulated ids match the golden model's. show: notices and
     progress on stderr (a person at a terminal)."""
-    from wse_emu.emulator.benchsuite import model_figures
+    from wse_emu.apps.benchsuite import model_figures
     from wse_emu.emulator.generate import Generator
     from wse_emu.emulator.load import LoadError
     from wse_emu.isa.machine import load_machine
-    from wse_emu.emulator.progress import compile_notice
+    from wse_emu.apps.progress import compile_notice
     from wse_emu.isa.compiler.pipeline import compile_model
     from wse_emu.isa.graph_numpy import GraphRunner
 

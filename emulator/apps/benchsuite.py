@@ -491,7 +491,7 @@ def run_case(case: Case, machine, dtype: str, program, position: int, figures: M
 def predicted_cycles(program):
     """(cycles a decode step, [cycles of each layer]) by the compiler's cost model, from the
     program's ModelInfo (its parts and the crossings between wafers), or None without one."""
-    from wse_emu.isa.compiler.predict import pipelined_cycles
+    from wse_emu.isa.program import pipelined_cycles
 
     m = program.model
     if m is None or not any(p.predicted_cycles for p in m.parts):

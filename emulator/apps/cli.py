@@ -1,5 +1,8 @@
 """The `wse-emu` command line.
 
+One of the applications (wse_emu.apps, the folder emulator/apps/): they compile models and
+run them, so they sit above both the compiler and the emulator, and neither imports them.
+
 Heavy modules (NumPy, Numba, the emulator core) are imported inside the commands that need
 them, so `wse-emu --help`, `machines`, `asm`, `disasm` and `info` start fast and never load Numba.
 Every user error is one line on stderr and exit code 2; a run that deadlocks, faults or hits
@@ -391,7 +394,7 @@ def run_progress(show: bool, max_cycles: int | None = None):
 
 def numba_notice(show: bool):
     """Within the block: say so when Numba starts compiling (the first run of a kind)."""
-    from wse_emu.emulator.progress import compile_notice
+    from wse_emu.apps.progress import compile_notice
 
     def write(line: str) -> None:
         clear_status()
@@ -601,7 +604,7 @@ def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timin
     """Greedy generation with a compiled decoder, one emulated decode step per token."""
     from wse_emu.emulator.generate import Generator
     from wse_emu.emulator.load import base_dir_of, check_runnable
-    from wse_emu.emulator.progress import Bar
+    from wse_emu.apps.progress import Bar
     from wse_emu.isa.binfmt import read_program
 
     prompts = [parse_ids(p, "--prompt-ids") for p in prompt_ids]
@@ -717,7 +720,7 @@ def _print_sequences(res, gen, tokens: int, position, timing_only: bool) -> None
 @user_errors
 def demo(machine_name):
     """The built-in demo (see README)."""
-    from wse_emu.emulator.demo import run_demo
+    from wse_emu.apps.demo import run_demo
 
     sys.exit(run_demo(machine_name, show=chatty(False)))
 
@@ -776,8 +779,8 @@ def bench(models, machines, outdir, dtype, max_context, position, sequences):
     prints the table. Each result shows the physics floors it must respect; a result under
     one is an emulator bug (exit code 1).
     """
-    from wse_emu.emulator.benchreport import markdown, violations, write_outputs
-    from wse_emu.emulator.benchsuite import (DEFAULT_MACHINES, DEFAULT_MODELS, BenchError,
+    from wse_emu.apps.benchreport import markdown, violations, write_outputs
+    from wse_emu.apps.benchsuite import (DEFAULT_MACHINES, DEFAULT_MODELS, BenchError,
                                              parse_sequences, run_suite)
 
     try:

@@ -1,4 +1,4 @@
-"""The outputs of `wse-emu bench` (emulator.benchsuite): the Markdown table, the comparison of
+"""The outputs of `wse-emu bench` (apps.benchsuite): the Markdown table, the comparison of
 resident-weight and HBM-streaming machines, the JSON file and the PNG plots (tokens/s of every
 model on every machine; per-user against aggregate tokens/s over the sequences in flight, the
 throughput curve; a roofline of each machine with the models placed on it).
@@ -13,7 +13,7 @@ import json
 import math
 from pathlib import Path
 
-from wse_emu.emulator.benchsuite import CONTEXT_LADDER
+from wse_emu.apps.benchsuite import CONTEXT_LADDER
 
 
 PARTS = {"vector": "norms and residual adds", "gemv": "layer matrix-vector products",
