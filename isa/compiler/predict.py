@@ -8,10 +8,6 @@ one op per column of the tile); otherwise the tile is one op.
 
 from __future__ import annotations
 
-# a step's pipelined cycles are a formula over the parts ModelInfo records, defined beside it
-# (isa/program.py) so that the emulator's host driver needs no compiler; named here too, for
-# the compiler's modules that import it with Cost
-from wse_emu.isa.program import pipelined_cycles  # noqa: F401
 from wse_emu.isa.spec import DTYPES, simd_key
 
 try:  # the one definition of the op costs, shared with the emulator

@@ -59,10 +59,10 @@ from wse_emu.isa.compiler.lines import InstrCount, LineKind, Shared, call_cycles
 from wse_emu.isa.compiler.lower import CompileError, Plan
 from wse_emu.isa.compiler.pack import CompileReport, Weights, part_name, with_model
 from wse_emu.isa.compiler.placement import WEIGHT_BYTES
-from wse_emu.isa.compiler.predict import Cost, pipelined_cycles
+from wse_emu.isa.compiler.predict import Cost
 from wse_emu.isa.errors import BuildError
 from wse_emu.isa.machine import MAX_CHIPS, system_of
-from wse_emu.isa.program import Rect
+from wse_emu.isa.program import Rect, pipelined_cycles
 from wse_emu.isa.spec import INSTR_BYTES
 
 # One entry a mapping strategy: its module holds its tiling, its routes' needs and its code.
