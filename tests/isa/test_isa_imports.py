@@ -37,30 +37,40 @@ def emulator_files() -> list[Path]:
     return [p for p in sorted((ROOT / "emulator").rglob("*.py")) if not p.is_relative_to(APPS)]
 
 
-def imported_names(path: Path) -> set[str]:
-    """Every module name the file at `path` names in an import, anywhere in it, made absolute:
-    `import a.b` gives a.b, `from a import b` gives a and a.b (b may be a module), and
-    `importlib.import_module("a.b")` or `__import__("a.b")` with a literal name gives a.b."""
+def _imports(path: Path):
+    """(package of the module at `path`, its name, and every import statement in it as
+    (absolute base module, names taken from it)): `import a.b` gives (a.b, []), `from a
+    import b` (a, [b]), relative imports made absolute."""
     me = module_name(path)
     package = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
-    names = set()
+    found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
+            found.extend((a.name, []) for a in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
                 base = f"{base}.{node.module}" if node.module else base
             else:
                 base = node.module
-            names.add(base)
-            names.update(f"{base}.{a.name}" for a in node.names)
+            found.append((base, [a.name for a in node.names]))
         elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
                 and isinstance(node.args[0].value, str):
             func = node.func
             called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
             if called in ("import_module", "__import__"):
-                names.add(node.args[0].value)
+                found.append((node.args[0].value, []))
+    return me, found
+
+
+def imported_names(path: Path) -> set[str]:
+    """Every module name the file at `path` names in an import, anywhere in it, made absolute:
+    `import a.b` gives a.b, `from a import b` gives a and a.b (b may be a module), and
+    `importlib.import_module("a.b")` or `__import__("a.b")` with a literal name gives a.b."""
+    names = set()
+    for base, taken in _imports(path)[1]:
+        names.add(base)
+        names.update(f"{base}.{t}" for t in taken)
     return names
 
 
@@ -77,24 +87,13 @@ def offenders(files: list[Path], banned: tuple[str, ...]) -> list[str]:
 
 def imported_modules(path: Path, known: set[str]) -> set[str]:
     """The modules of `known` that the file at `path` imports, anywhere in it."""
-    me = module_name(path)
-    package = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
+    me, imports = _imports(path)
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                base = f"{base}.{node.module}" if node.module else base
-            else:
-                base = node.module
-            # `from pkg import mod` imports the module pkg.mod (pkg itself is its parent, loaded
-            # first in any case); `from mod import name` imports mod
-            subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known]
-            names = subs if len(subs) == len(node.names) else [base, *subs]
-        else:
-            continue
+    for base, taken in imports:
+        # `from pkg import mod` imports the module pkg.mod (pkg itself is its parent, loaded
+        # first in any case); `from mod import name` imports mod
+        subs = [f"{base}.{t}" for t in taken if f"{base}.{t}" in known]
+        names = subs if taken and len(subs) == len(taken) else [base, *subs]
         for name in names:
             # `import a.b.c` runs a.b.c; the closest known module it names is the edge
             while name and name not in known:
