@@ -41,11 +41,58 @@ def cache_bytes(geo, kvbytes: int) -> int:
     return geo.S * geo.D * kvbytes + (geo.D + 1) * geo.S * kvbytes
 
 
-def buffer_bytes(geo) -> int:
-    """fp32 scratch of the attention on a PE: scores, maxima, masks, RoPE, o, l."""
+def _round8(n: int) -> int:
+    return -(-n // 8) * 8
+
+
+def scratch_layout(geo, rope: bool, mlp_bytes: int) -> tuple[dict, int]:
+    """({buffer: offset}, bytes) of a layer PE's scratch region: the attention's fp32 buffers
+    and the MLP's gate/up vector (mlp_bytes), overlaid where their lifetimes in a step's code
+    (wafer._layer_body) do not overlap. A PE runs its ops one at a time and an op that sends
+    has read its whole operand when it ends (docs/timing-model.md), so a buffer is dead after
+    the last op that reads it; every buffer here is written in a step before it is read (by
+    an op or a `dfin`), none is initialised at load, and none outlives its sequence's pass
+    through the loop body. In emission order:
+
+        rope    cs (this position's cos and sin, by its dfin), rt (products)  -> rope's end
+        append  mask (dfin) .. step 3; outer (the append's products)          -> append's end
+        scores  sc (step 3 .. the values' mm), mx, oe, fold, ao               -> the o product
+        mlp     gu (mlp in .. down)
+
+    mask is live across the append and step 3, so it has its own bytes; rope's cs and rt, the
+    append's outer and the rest of the attention follow it, each group at the same offset
+    (one group is dead before the next is written). gu is written by the MLP's first product,
+    after the o product has read ao, the last of them: it takes the region from offset 0.
+    The region is as large as the largest of these, not their sum."""
+    size = scratch_sizes(geo, rope, mlp_bytes)
+    offs = {"mask": 0}
+    base = _round8(size["mask"])
+    top = base
+    for group in (("sc", "mx", "fold", "oe", "ao"), ("outer",), ("cs", "rt")):
+        at = base
+        for name in group:
+            if name in size:
+                offs[name] = at
+                at += _round8(size[name])
+        top = max(top, at)
+    offs["gu"] = 0
+    return offs, max(top, _round8(size["gu"]))
+
+
+def scratch_sizes(geo, rope: bool, mlp_bytes: int) -> dict:
+    """{buffer: bytes} of the buffers scratch_layout places."""
     S, g, D = geo.S, geo.group, geo.D
-    return 4 * (S * g + g + g + 3 * S + 2 * geo.h2 + 2 * (g + 1) * geo.h2
-                + (D + 1) * g + geo.Mq + (D + 1) * S)
+    size = dict(mask=3 * S * 4, sc=S * g * 4, mx=g * 4, fold=g * 4, oe=(D + 1) * g * 4,
+                ao=geo.Mq * 4, outer=(D + 1) * S * 4, gu=mlp_bytes)
+    if rope:
+        size.update(cs=2 * geo.h2 * 4, rt=2 * (g + 1) * geo.h2 * 4)
+    return size
+
+
+def buffer_bytes(geo, rope: bool = True, mlp_bytes: int = 0) -> int:
+    """Bytes of the overlaid fp32 scratch of a layer PE (scratch_layout): the attention's
+    scores, maxima, masks, RoPE, o, l and the append's products, and the MLP's mlp_bytes."""
+    return scratch_layout(geo, rope, mlp_bytes)[1]
 
 
 def strides(geo, dtype: str) -> tuple[int, int]:
@@ -55,25 +102,20 @@ def strides(geo, dtype: str) -> tuple[int, int]:
     return geo.S * geo.D * kvb, (geo.D + 1) * geo.S * kvb
 
 
-def alloc(ctx, rb) -> None:
-    """The caches (ctx.seqs of each) and the attention's buffers; the V caches' constant row
-    of ones."""
+def alloc(ctx, rb, mlp_bytes: int = 0) -> None:
+    """The caches (ctx.seqs of each), the V caches' constant row of ones, and one scratch
+    region for the attention's buffers and the MLP's gate/up vector (ctx.bufs['gu'],
+    mlp_bytes), overlaid as scratch_layout says."""
     geo = ctx.geo
-    S, D, g = geo.S, geo.D, geo.group
+    S, D = geo.S, geo.D
     seqs = getattr(ctx, "seqs", 1)
     kstride, vstride = strides(geo, ctx.dtype)
     ctx.bufs["kc"] = rb.alloc("kcache", seqs * kstride)
     ctx.bufs["vc"] = rb.alloc("vcache", seqs * vstride)
-    ctx.bufs["sc"] = rb.alloc("scores", S * g * 4)
-    ctx.bufs["fold"] = rb.alloc("fold", g * 4)
-    ctx.bufs["mx"] = rb.alloc("mx", g * 4)
-    ctx.bufs["mask"] = rb.alloc("mask", 3 * S * 4)
-    ctx.bufs["oe"] = rb.alloc("oe", (D + 1) * g * 4)
-    ctx.bufs["ao"] = rb.alloc("ao", geo.Mq * 4)
-    ctx.bufs["outer"] = rb.alloc("outer", (D + 1) * S * 4)
-    if ctx.rope:
-        ctx.bufs["cs"] = rb.alloc("cs", 2 * geo.h2 * 4)
-        ctx.bufs["rt"] = rb.alloc("rt", 2 * (g + 1) * geo.h2 * 4)
+    offs, nbytes = scratch_layout(geo, ctx.rope, mlp_bytes)
+    scratch = rb.alloc("scratch", nbytes)
+    for name, off in offs.items():
+        ctx.bufs[name] = scratch + off
     ones = np.zeros((S, D + 1), np.float32)
     ones[:, D] = 1.0  # slot-major: a slot's D values, then 1
     if not ctx.shape_only:

@@ -186,9 +186,10 @@ def _snake(items: list, per_band: int) -> int | None:
 def _layer_data(dec: Decoder, geo: Geometry, dtype: str, seqs: int = 1) -> int:
     """SRAM a layer PE's data takes: weight tiles, KV caches (seqs of them) and buffers."""
     wb = WEIGHT_BYTES[dtype]
-    bufs = 4 * (3 * geo.K + geo.Mqkv + 1 + geo.M1 + 2) + 2 * geo.K * wb * 2
+    bufs = 4 * (3 * geo.K + geo.Mqkv + 1 + 2) + 2 * geo.K * wb * 2
+    scratch = map_attention.buffer_bytes(geo, bool(dec.rope_theta), 4 * geo.M1)
     return (map_gemv.tile_bytes(geo, wb, dec.family == "gpt2")
-            + seqs * map_attention.cache_bytes(geo, wb) + map_attention.buffer_bytes(geo) + bufs)
+            + seqs * map_attention.cache_bytes(geo, wb) + scratch + bufs)
 
 
 CODE_BOUND = 8 * 1024  # more than any layer PE's code counts (about 4-5 KB)
@@ -936,7 +937,7 @@ class _Emitter:
         K = geo.K
         b = ctx.bufs
         for name, nbytes in (("x", K * 4), ("xn", K * 4), ("y", K * 4),
-                             ("qkv", (geo.Mqkv + 1) * 4), ("gu", geo.M1 * 4), ("scalar", 8),
+                             ("qkv", (geo.Mqkv + 1) * 4), ("scalar", 8),
                              ("wqkv", geo.Mqkv * K * wb), ("wo", K * geo.Mq * wb),
                              ("w1", geo.M1 * K * wb), ("wd", K * geo.F * wb)):
             b[name] = rb.alloc(name, nbytes)
@@ -944,7 +945,7 @@ class _Emitter:
             for name, nbytes in (("bqkv", geo.Mqkv), ("bo", K), ("b1", geo.M1), ("bd", K)):
                 b[name] = rb.alloc(name, nbytes * 4)
         rb.init(b["qkv"] + 4 * geo.Mqkv, "f32", [1.0])  # the V cache's constant row
-        map_attention.alloc(ctx, rb)
+        map_attention.alloc(ctx, rb, geo.M1 * 4)  # gu overlaid on the attention's scratch
         params: dict = {}
         map_elementwise.load_norm(ctx, rb, layer.norm1, params)
         map_elementwise.load_norm(ctx, rb, layer.norm2, params)
