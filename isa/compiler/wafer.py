@@ -184,7 +184,8 @@ def _snake(items: list, per_band: int) -> int | None:
 
 
 def _layer_data(dec: Decoder, geo: Geometry, dtype: str, seqs: int = 1) -> int:
-    """SRAM a layer PE's data takes: weight tiles, KV caches (seqs of them) and buffers."""
+    """SRAM a layer PE's data takes: weight tiles, KV caches (seqs of them) and buffers (the
+    attention's scratch and the MLP's gate/up vector overlaid: map_attention.scratch_layout)."""
     wb = WEIGHT_BYTES[dtype]
     bufs = 4 * (3 * geo.K + geo.Mqkv + 1 + 2) + 2 * geo.K * wb * 2
     scratch = map_attention.buffer_bytes(geo, bool(dec.rope_theta), 4 * geo.M1)
