@@ -528,9 +528,12 @@ def _refusal(dec, machine, dtype, exact, biases, sides, name, seqs: int = 1) -> 
                 f"{machine.sram_bytes} bytes each): max_context {fit} would fit "
                 f"(--max-context {fit})")
     if not fitting:
+        hints = (["16-bit weights"] if WEIGHT_BYTES[dtype] > 2 else []) \
+            + (["fewer sequences"] if seqs > 1 else []) \
+            + (["a larger grid"] if len(sides) == 1 else []) + ["a machine with more SRAM a PE"]
         return (f"no grid of the model's layers{caches} fits a PE's {machine.sram_bytes} bytes "
-                f"on machine '{machine.name}' at any context (use 16-bit weights"
-                + (", fewer sequences" if seqs > 1 else "") + " or a machine with more SRAM a PE)")
+                f"on machine '{machine.name}' at any context (use "
+                + ", ".join(hints[:-1]) + (" or " if len(hints) > 1 else "") + hints[-1] + ")")
     R, C = fitting[0]
     pes = len(dec.layers) * R * C
     have = machine.width * machine.height

@@ -152,6 +152,19 @@ def test_bad_grids_are_refused_in_one_line(grid, wse3, tmp_path):
     assert "\n" not in str(e.value) and "grid" in str(e.value)
 
 
+@pytest.mark.parametrize("dtype, hints", [("f32", "16-bit weights, a larger grid or"),
+                                           ("bf16", "(use a larger grid or a machine")])
+def test_a_grid_too_small_for_a_pe_says_what_would_help(dtype, hints, tmp_path):
+    """A 1 x 8 grid of a small Llama layer (hidden 96, MLP 200) cannot hold its weights in 4 KB
+    a PE: the line suggests 16-bit weights only where they are not 16-bit already."""
+    path = make_llama(tmp_path, seed=1, layers=1, **SMALL_LLAMA)
+    small = replace(load_machine("wse3"), sram_bytes=4096)
+    with pytest.raises(CompileError) as e:
+        compile_model(path, small, dtype=dtype, max_context=CTX, grid="1x8")
+    assert "\n" not in str(e.value) and "at any context" in str(e.value)
+    assert hints in str(e.value)
+
+
 def test_shape_only_takes_the_functional_grid_and_code_on_a_rectangle(tmp_path):
     """The embedding and head columns of a rectangle divide the tables' rows in a shape-only
     compile too (where that fits), so its timing is the functional program's."""
