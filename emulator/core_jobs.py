@@ -134,7 +134,7 @@ def borrowed(typingctx, arr):
 @njit(cache=True, inline="always")
 def read_mem(dsd, p, r, first, k, out, sram_f32, sram_u16, base):
     """out[0:k] = elements first .. first + k - 1 of PE p's SRAM descriptor r, as fp32 (a
-    read: no gateway; core_sram passes it on to the executors)."""
+    read: no gateway; the helper thread and the executors read with it)."""
     gather(sram_f32, sram_u16, base + dsd[p, r, D_ADDR], dsd[p, r, D_LEN],
            dsd[p, r, D_STRIDE], dsd[p, r, D_COUNT], dsd[p, r, D_CSTRIDE], dsd[p, r, D_DTYPE],
            first, k, out)

@@ -17,14 +17,13 @@ it settles the PE's product if the instruction touches SRAM, and, if the instruc
 SRAM and the run logs, makes sure the undo log has room for the PE's whole SRAM beyond what it
 has written so far (else X_GROW, before anything changed), so that no executor checks room of
 its own. The executors then write with `store_i32`, `store_f32`, `store_elements`, `store_dma`
-and `store_product` only, and read with `read_mem`.
+and `store_product` only, and read with `core_jobs.read_mem` (a read needs no gateway).
 """
 
 import numpy as np
 from numba import njit
 
-# read_mem is core_jobs' (the helper thread reads with it); the executors import it from here
-from wse_emu.emulator.core_jobs import product, publish, read_mem, settle  # noqa: F401
+from wse_emu.emulator.core_jobs import product, publish, settle
 from wse_emu.emulator.core_ops import OPERAND_ROLES, R_DST
 from wse_emu.emulator.core_state import (
     D_ADDR, D_COUNT, D_CSTRIDE, D_DTYPE, D_LEN, D_STRIDE, MP_ASYNC, MP_TIMING, MP_UNDO,

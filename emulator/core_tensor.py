@@ -13,7 +13,8 @@ from wse_emu.emulator.core_exec import (_fault, check_mem, check_operands, chunk
                                          finish_chunk, roles, room_for_trace, simd_variant)
 from wse_emu.emulator.core_fabric import need, queue_arrival, queue_consume, queue_read, send, send_fits
 from wse_emu.emulator.core_jobs import borrowed
-from wse_emu.emulator.core_sram import read_mem, store_elements, store_product
+from wse_emu.emulator.core_jobs import read_mem
+from wse_emu.emulator.core_sram import store_elements, store_product
 from wse_emu.emulator.core_state import (
     CL_KIND, C_A, C_B, C_C, C_CLASS, C_SEM, C_SUB, D_COLOR, D_COUNT, D_DTYPE, D_KIND, D_LEN,
     D_STRIDE, MP_BY_COLUMN, MP_COLORS, MP_ISSUE, MP_QDEPTH, MP_TIMING, MP_TRACE_CAP,
