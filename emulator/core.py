@@ -27,6 +27,7 @@ bit and cycle): in the 4096 x 4096 gemv they are a third of the host time.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 
@@ -201,7 +202,13 @@ class _Helper:
                 while self._args is None:
                     self._wake.wait()
                 args, self._args = self._args, None
-            _work(args)
+            try:
+                _work(args)
+            except BaseException:
+                # reported as an uncaught thread exception is, but the thread keeps serving:
+                # had it died, a run submitted before it was gone would wait on it for ever
+                threading.excepthook(threading.ExceptHookArgs(
+                    (*sys.exc_info(), threading.current_thread())))
 
     @staticmethod
     def _own_thread(args: tuple) -> _Release | None:
