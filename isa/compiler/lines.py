@@ -174,15 +174,10 @@ def _fabric(rb, n):
     return fin, fout
 
 
-def _two_phase(rb, labels, line: LineKind, n, vop, broadcast: bool) -> None:
-    """The two-phase allreduce's code (role): d13 holds the block (n wavelets: an int, or the
-    register that holds it)."""
-    A, C, bc = line.colors[0:2], line.colors[2:4], line.colors[4]
-    R, S = line.role_reg, SCRATCH
-    groot, root, end, recv, done = (labels("tp_groot"), labels("tp_root"), labels("tp_end"),
-                                    labels("tp_recv"), labels("tp_done"))
-    fin, fout = _fabric(rb, n)
-
+def _links(rb, fin, fout, vop):
+    """The two moves of a PE inside a line: relay(cin, cout) adds its block d13 to what
+    arrives on cin and sends the sum on cout, as it arrives; send(cout) sends d13 (a line's
+    end)."""
     def relay(cin, cout):
         fin("d14", cin)
         fout("d15", cout)
@@ -191,6 +186,38 @@ def _two_phase(rb, labels, line: LineKind, n, vop, broadcast: bool) -> None:
     def send(cout):
         fout("d15", cout)
         rb.vmov("d15", "d13")
+    return relay, send
+
+
+def _root_and_receive(rb, fin, fout, vop, ins: list, bc: int, broadcast: bool, root, recv,
+                      done) -> None:
+    """The tail both forms share. At label root: add the partial sums arriving on the colors
+    `ins` into d13, then multicast the result on bc (a reduce, broadcast=False, keeps it). At
+    label recv: every other PE takes the multicast into d13. Both end at label done."""
+    rb.label(root)
+    for color in ins:
+        fin("d14", color)
+        vop("d13", "d14", "d13")
+    if broadcast:
+        fout("d15", bc)
+        rb.vmov("d15", "d13")
+    rb.jmp(done)
+    rb.label(recv)
+    if broadcast:
+        fin("d14", bc)
+        rb.vmov("d13", "d14")
+    rb.label(done)
+
+
+def _two_phase(rb, labels, line: LineKind, n, vop, broadcast: bool) -> None:
+    """The two-phase allreduce's code (role): d13 holds the block (n wavelets: an int, or the
+    register that holds it)."""
+    A, C, bc = line.colors[0:2], line.colors[2:4], line.colors[4]
+    R, S = line.role_reg, SCRATCH
+    groot, root, end, recv, done = (labels("tp_groot"), labels("tp_root"), labels("tp_end"),
+                                    labels("tp_recv"), labels("tp_done"))
+    fin, fout = _fabric(rb, n)
+    relay, send = _links(rb, fin, fout, vop)
 
     def on_bit(bit, if_set, if_clear):
         other, joined = labels("tp_bit"), labels("tp_join")
@@ -232,21 +259,8 @@ def _two_phase(rb, labels, line: LineKind, n, vop, broadcast: bool) -> None:
     on_bit(4, lambda: on_bit(8, lambda: relay(C[0], C[1]), lambda: relay(C[1], C[0])),
            lambda: on_bit(8, lambda: send(C[1]), lambda: send(C[0])))
     rb.jmp(recv)
-    rb.label(root)
-    if line.root > 0:
-        fin("d14", C[0])
-        vop("d13", "d14", "d13")
-    fin("d14", C[1])
-    vop("d13", "d14", "d13")
-    if broadcast:
-        fout("d15", bc)
-        rb.vmov("d15", "d13")
-    rb.jmp(done)
-    rb.label(recv)
-    if broadcast:
-        fin("d14", bc)
-        rb.vmov("d13", "d14")
-    rb.label(done)
+    _root_and_receive(rb, fin, fout, vop, ([C[0]] if line.root > 0 else []) + [C[1]], bc,
+                      broadcast, root, recv, done)
 
 
 def setup_flags(rb, line: LineKind) -> None:
@@ -304,14 +318,7 @@ def _body(rb, labels, line: LineKind, n, op: str, broadcast: bool) -> None:
             rb.blt(rp, SCRATCH, left)
         rb.beq(rp, SCRATCH, root)
 
-    def relay(cin, cout):
-        fin("d14", cin)
-        fout("d15", cout)
-        vop("d15", "d14", "d13")
-
-    def end(cout):
-        fout("d15", cout)
-        rb.vmov("d15", "d13")
+    relay, end = _links(rb, fin, fout, vop)
 
     def by_parity(even, odd):
         odd_l, joined = labels("ar_odd"), labels("ar_par")
@@ -350,21 +357,8 @@ def _body(rb, labels, line: LineKind, n, op: str, broadcast: bool) -> None:
         rb.label(left_end)
         end(lo[0])
         rb.jmp(recv)
-    rb.label(root)
-    if m > 0:
-        fin("d14", lo[(m - 1) % 2])
-        vop("d13", "d14", "d13")
-    fin("d14", hi[(m + 1) % 2])
-    vop("d13", "d14", "d13")
-    if broadcast:
-        fout("d15", bc)
-        rb.vmov("d15", "d13")
-    rb.jmp(done)
-    rb.label(recv)
-    if broadcast:
-        fin("d14", bc)
-        rb.vmov("d13", "d14")
-    rb.label(done)
+    _root_and_receive(rb, fin, fout, vop, ([lo[(m - 1) % 2]] if m > 0 else []) + [hi[(m + 1) % 2]],
+                      bc, broadcast, root, recv, done)
 
 
 # ---------------------------------------------------------------------------------------------
