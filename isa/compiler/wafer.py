@@ -480,7 +480,7 @@ def layer_sites(mp: Mapping, machine, dtype: str) -> dict:
 
 def split_costs(mp: Mapping, machine, dtype: str) -> tuple:
     """(layer, embed, head, crossing) predicted cycles for balancing the wafers' groups."""
-    p = predict(mp, machine, dtype)
+    p = predict(mp, machine, dtype, senders=False)
     layer = max(v for k, v in p.items() if k.startswith("layer "))
     cross = max((v for k, v in p.items() if k.startswith("crossing ")), default=0)
     return layer, p["embed"], p["head"], cross
@@ -572,12 +572,18 @@ def _layer_weights(dec) -> int:
 # ---------------------------------------------------------------------------------------------
 # the cost model
 
-def predict(mp: Mapping, machine, dtype: str) -> dict:
+def predict(mp: Mapping, machine, dtype: str, senders: bool = True) -> dict:
     """Predicted cycles of each part of a decode step, in series: the embedding, every
-    layer, the head. A layer is the sum of its PE's local ops and its line collectives (the
-    same code every PE runs, isa.compiler.predict), plus its hand-off. With several sequences
-    (mp.seqs > 1) each part's figure is one sequence's pass, with the loop's own ops; the
-    step is pipelined_cycles of them."""
+    layer, the crossings between wafers, the head. A layer is the sum of its PE's local ops
+    and its line collectives (the same code every PE runs, isa.compiler.predict), plus its
+    hand-off. With several sequences (mp.seqs > 1) each part's figure is one sequence's pass,
+    with the loop's own ops; the step is pipelined_cycles of them.
+
+    A crossing's link latency is charged to the layer that sends across it (senders=True)
+    when a row's block (K wavelets) is more than an input queue holds: its senders then stay
+    blocked until the far side drains the block, a link latency later, so that layer ends
+    that much later (docs/timing-model.md, section 11). senders=False keeps the latency in
+    the crossing's figure: split_costs balances the wafers with every layer alike."""
     geo, dec = mp.geo, mp.dec
     dry = _DryRun(geo, dtype, machine, bool(dec.rope_theta), dec.family == "gpt2",
                   mp.line_groups)
@@ -599,8 +605,12 @@ def predict(mp: Mapping, machine, dtype: str) -> dict:
                 hand += dry.cost.send(geo.K, geo.R + geo.C)
             if it.handoff_in == "cross":  # the travel is the crossing's; the spread here
                 hand += dry.cost.scalar(6) + dry.cost.op("move", geo.K)
-                out[f"crossing {it.chip - 1}-{it.chip}"] = crossing_cycles(
-                    mp.items[k - 1], it, geo, machine)
+                sender = mp.items[k - 1]
+                cross = crossing_cycles(sender, it, geo, machine)
+                if senders and sender.kind == "layer" and geo.K > machine.queue_depth:
+                    out[f"layer {sender.index}"] += machine.link_latency
+                    cross -= machine.link_latency
+                out[f"crossing {it.chip - 1}-{it.chip}"] = cross
             if it.handoff_in in ("diag", "cross") and levels(geo) > 1:
                 hand += dry.cost.scalar(LEVEL_SCALARS)  # the entry PE's row mod C, level
             out[f"layer {it.index}"] = body + hand
