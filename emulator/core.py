@@ -42,6 +42,7 @@ from wse_emu.emulator.core_state import (
     J_FREE, J_STATE, MP_ASYNC, MP_PE_BITS, N_CT, N_JOB_COLS, P_CLOCK, State, job_descriptors,
     max_clock, result_columns, C_A, C_B, D_COUNT, D_DTYPE, D_LEN, P_CODE0, P_PC)
 from wse_emu.emulator.core_undo import restore_sram
+from wse_emu.emulator.host_clock import HostClock
 from wse_emu.emulator.load import Loaded, PageSnapshot, hbm_chip_detail
 from wse_emu.emulator.result import F_HBM_CHIP, RUN_FAULT, RUN_MAX_CYCLES, RunResult
 from wse_emu.isa.spec import BY_MNEMONIC, DTYPE_BYTES
@@ -86,8 +87,17 @@ def run(loaded: Loaded, max_cycles: int | None = None, trace: bool = False,
     `helper`: compute tile products on a second thread (core_jobs) while the loop goes on;
     None chooses it for functional runs with matrix ops and HELPER_MIN_SRAM of SRAM or more,
     on a host with two CPUs or more. It changes no result, only host time; traced runs,
-    timing-only runs and fault replays never use it."""
-    t = time.perf_counter()
+    timing-only runs and fault replays never use it.
+
+    host_seconds is the run's host time less Numba's compiling (compile_seconds, on the first
+    run of a kind: emulator/host_clock.py)."""
+    with HostClock() as clock:
+        result = _run(loaded, max_cycles, trace, trace_cap, progress, helper)
+    result.host_seconds, result.compile_seconds = clock.host_seconds, clock.compile_seconds
+    return result
+
+
+def _run(loaded, max_cycles, trace, trace_cap, progress, helper) -> RunResult:
     has = loaded.sram_base >= 0
     if (loaded.sram_base[has] + loaded.sram_len[has] > loaded.sram.size).any():
         raise ValueError("this Loaded's SRAM is smaller than its PEs need")
@@ -113,7 +123,6 @@ def run(loaded: Loaded, max_cycles: int | None = None, trace: bool = False,
         state = State(loaded, max_cycles, True, trace, trace_cap)
         _drive(state, progress)
     result = _result(state, max_cycles)
-    result.host_seconds = time.perf_counter() - t
     result.host_threads = 2 if helper else 1
     return result
 

@@ -20,11 +20,11 @@ aggregate B times that.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from wse_emu.emulator.host_clock import HostClock
 from wse_emu.emulator.load import LoadError, PageSnapshot, load, read_output, write_input
 from wse_emu.isa.machine import Machine, load_machine
 from wse_emu.emulator.result import RUN_HALTED
@@ -44,7 +44,7 @@ class GenerateResult:
     cycles_per_token: list[int]  # cycles of the run that produced each generated token's logits
     seconds_per_token: float  # emulated, mean
     tokens_per_second: float  # emulated
-    host_seconds: float  # wall time of the whole generate() call
+    host_seconds: float  # host time of the whole generate() call, less compile_seconds
     prefill_cycles: int  # the prompt runs before the last (whose cycles are cycles_per_token[0])
     # "embed" | "layer i" | "head" -> cycles per token summed over the part's PEs: compute =
     # busy, fabric = waiting for wavelets, stall = blocked by backpressure
@@ -70,6 +70,7 @@ class GenerateResult:
     # the measured run's cycles, which a wafer-mapped step takes at every position)
     ttft_seconds: list = field(default_factory=list)
     ttft_prompt_lengths: list = field(default_factory=list)  # the prompts those are for
+    compile_seconds: float = 0.0  # Numba compiling the core's machine code (a kind's first run)
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -259,10 +260,17 @@ class Generator:
 
         A program of B sequences: prompt_ids is one prompt (every sequence starts from it) or
         B prompts; the result has every sequence's ids (ids_per_sequence; generated_ids is
-        sequence 0's) and cycles_per_token the runs from the longest prompt's last on."""
-        t0 = time.perf_counter()
+        sequence 0's) and cycles_per_token the runs from the longest prompt's last on.
+
+        host_seconds is the call's host time less Numba's compiling (compile_seconds)."""
+        with HostClock() as clock:
+            res = self._generate(prompt_ids, n, decode_token, position, on_step)
+        res.host_seconds, res.compile_seconds = clock.host_seconds, clock.compile_seconds
+        return res
+
+    def _generate(self, prompt_ids, n: int, decode_token, position, on_step) -> GenerateResult:
         if self.sequences > 1:
-            return self._generate_many(prompt_ids, n, decode_token, position, on_step, t0)
+            return self._generate_many(prompt_ids, n, decode_token, position, on_step)
         ids = [int(i) for i in prompt_ids]
         if n < 1:
             raise LoadError("generate needs n >= 1 tokens")
@@ -320,8 +328,7 @@ class Generator:
             ttft, lengths = [(prefill_cycles + cycles[0]) / self.machine.clock_hz], [len(ids)]
         else:
             ttft, lengths = self._ttft_estimate(position, cycles[0])
-        return GenerateResult(out, cycles, spt, 1.0 / spt, time.perf_counter() - t0,
-                              int(prefill_cycles), per_layer, self.timing_only,
+        return GenerateResult(out, cycles, spt, 1.0 / spt, 0.0, int(prefill_cycles), per_layer, self.timing_only,
                               "timing-only" if self.timing_only else "functional",
                               decode_token if self.timing_only else None, note, position,
                               predicted_cycles=self.predicted_cycles(),
@@ -353,8 +360,8 @@ class Generator:
         t = (position + 1) * cycles / self.machine.clock_hz
         return [t] * self.sequences, [position + 1] * self.sequences
 
-    def _generate_many(self, prompt_ids, n: int, decode_token, position, on_step,
-                       t0: float) -> GenerateResult:
+    def _generate_many(self, prompt_ids, n: int, decode_token, position,
+                       on_step) -> GenerateResult:
         """generate() for a program of B > 1 sequences (module docstring)."""
         B = self.sequences
         prompts = list(prompt_ids)
@@ -431,7 +438,7 @@ class Generator:
             note = (f"timing-only: no values are computed, so no token can be sampled; each of "
                     f"the {B} sequences was fed token {decode_token} at every decode step")
         return GenerateResult(out[0] if not self.timing_only else [], cycles, spt, 1.0 / spt,
-                              time.perf_counter() - t0, int(sum(run_cycles[:first])),
+                              0.0, int(sum(run_cycles[:first])),
                               per_layer, self.timing_only,
                               "timing-only" if self.timing_only else "functional",
                               decode_token if self.timing_only else None, note, position,

@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 
+from wse_emu.emulator.host_clock import host_text
 from wse_emu.emulator.load import (N_PORTS, PIPE_TICKS, Loaded, pipe_name,
                                   pipe_ticks_per_wavelet)
 from wse_emu.emulator.result import (FAULT_REASONS, RUN_DEADLOCK, RUN_FAULT, RUN_HALTED, RUN_MAX_CYCLES,
@@ -104,6 +105,7 @@ def summary(loaded: Loaded, result: RunResult) -> dict:
         "pes": int(loaded.n_pes),
         "pes_active": active,
         "host_seconds": round(result.host_seconds, 6),
+        "compile_seconds": round(result.compile_seconds, 6),
         "host_threads": result.host_threads,
         "classes": {name: int(c) for name, c in zip(COST_CLASSES, result.class_counts)},
         "pe_cycles": {
@@ -204,7 +206,7 @@ def text(d: dict) -> str:
             lines.append(f"          {p['pipe']}: {p['bytes'] / 1e6:,.6f} MB, busy "
                          f"{p['busy_fraction'] * 100:.2f}% of the run")
     threads = " (tile products on a second thread)" if d["host_threads"] > 1 else ""
-    lines.append(f"host      {d['host_seconds']:.3f} s{threads}")
+    lines.append(f"host      {host_text(d['host_seconds'], d['compile_seconds'], 3)}{threads}")
     return "\n".join(lines)
 
 

@@ -74,7 +74,8 @@ class RunResult:
     wavelet_hops: int
     fault_pe: int = -1
     fault_reason: int = F_NONE
-    host_seconds: float = 0.0
+    host_seconds: float = 0.0  # the run's host time, less compile_seconds
+    compile_seconds: float = 0.0  # Numba compiling the core's machine code (a kind's first run)
     host_threads: int = 1  # 2 when tile products ran on the core's helper thread
     trace: list = field(default_factory=list)  # (pe, pc, start, end) tuples when tracing
     # off-chip memory (docs/timing-model.md, HBM and DMA): bytes moved by dmald / dmast, per PE

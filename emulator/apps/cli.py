@@ -20,6 +20,8 @@ import time
 
 import click
 
+from wse_emu.emulator.host_clock import host_text
+
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
 
@@ -664,7 +666,7 @@ def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timin
         mean = sum(res.cycles_per_token) / len(res.cycles_per_token)
         click.echo(f"predicted       {res.predicted_cycles:,} cycles/token by the compiler's cost "
                    f"model (emulated / predicted {mean / res.predicted_cycles:.2f})")
-    click.echo(f"host            {res.host_seconds:.2f} s")
+    click.echo(f"host            {host_text(res.host_seconds, res.compile_seconds)}")
     if res.parts:
         click.echo("per part        predicted / emulated cycles a step (emulated: when the part's "
                    "last PE halts, minus the part before)")
@@ -711,7 +713,7 @@ def _print_sequences(res, gen, tokens: int, position, timing_only: bool) -> None
                    f"{mean / res.predicted_cycles:.2f})")
     click.echo(f"cycles/step     {', '.join(f'{c:,}' for c in res.cycles_per_token)}")
     _print_ttft(res)
-    click.echo(f"host            {res.host_seconds:.2f} s")
+    click.echo(f"host            {host_text(res.host_seconds, res.compile_seconds)}")
 
 
 @main.command()

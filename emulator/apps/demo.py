@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from wse_emu.emulator.host_clock import host_text
+
 DEMO_CONFIG = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 256,
                "n_layer": 4, "n_head": 8, "vocab_size": 2048, "n_positions": 128,
                "layer_norm_epsilon": 1e-5, "activation_function": "gelu_new",
@@ -101,8 +103,8 @@ def run_demo(machine_name: str = "wse3", tokens: int = 8, show: bool = False) ->
               "/ backpressure")
         for part, cyc in res.per_layer.items():
             print(f"  {part:<10} {cyc['compute']:>12,} {cyc['fabric']:>12,} {cyc['stall']:>10,}")
-        print(f"host      {res.host_seconds:.2f} s for {len(PROMPT)} prompt + {tokens} generated "
-              f"tokens")
+        print("host      " + host_text(res.host_seconds, res.compile_seconds, what=(
+            f" for {len(PROMPT)} prompt + {tokens} generated tokens")))
         with compile_notice(show):
             gpu_ok = _hbm_baseline(model, res, tokens, figures.weight_bytes("fp32"),
                                    machine.name)
