@@ -516,11 +516,11 @@ def _refusal(dec, machine, dtype, exact, biases, sides, name, seqs: int = 1) -> 
                 R, C = fits
                 weights = _layer_weights(dec) * WEIGHT_BYTES[dtype]
                 return (f"{name}{caches} needs {chips} wafers of {chip.name} (--machine "
-                        f"{chip.name}x{chips}): the model needs {L * R * C} PEs "
+                        f"{chip.name}x{chips}): the model needs {L * R * C:,} PEs "
                         f"({L} layers on {R} x {C} grids, {weights / 1e9:.1f} GB "
                         f"of layer weights; embedding and head more) but machine "
                         f"'{machine.name}' is {machine.width} x {machine.height} "
-                        f"({machine.pes} PEs); it would fit {chips} such wafers, its layers "
+                        f"({machine.pes:,} PEs); it would fit {chips} such wafers, its layers "
                         f"split between them")
     if fit:
         return (f"max_context {dec.max_context}{caches} does not fit machine "
@@ -540,10 +540,10 @@ def _refusal(dec, machine, dtype, exact, biases, sides, name, seqs: int = 1) -> 
     if machine.chips > 1 and len(dec.layers) < machine.chips:
         return (f"{name} has {len(dec.layers)} layers, fewer than the {machine.chips} wafers of "
                 f"machine '{machine.name}' (the split puts at least one layer on every wafer)")
-    return (f"{name} needs {pes} PEs ({len(dec.layers)} layers on {R} x {C} grids, "
+    return (f"{name} needs {pes:,} PEs ({len(dec.layers)} layers on {R} x {C} grids, "
             f"{_layer_weights(dec) * WEIGHT_BYTES[dtype] / 1e9:.2f} GB of layer weights; "
             f"embedding and head more) but machine '{machine.name}' is {machine.width} x "
-            f"{machine.height} ({have} PEs) and has no links to join more of it")
+            f"{machine.height} ({have:,} PEs) and has no links to join more of it")
 
 
 def _fitting_context(dec, machine, dtype, exact, biases, sides, seqs: int) -> int:

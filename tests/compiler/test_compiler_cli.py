@@ -204,7 +204,7 @@ def test_shape_only_refusals_say_what_would_fit(root):
     line = assert_one_line_error(wse("compile", deep, "-o", "deep.bin", "--shape-only",
                                      "--max-context", 64, cwd=root), "wse3")
     # names the model's need (PEs) and the machine's size, and how many such wafers would do
-    assert re.search(r"needs \d+ PEs", line) and "(893064 PEs" in line, line
+    assert re.search(r"needs [\d,]+ PEs", line) and "(893,064 PEs" in line, line
     machine_w, machine_h = map(int, re.search(r"'wse3' is (\d+) x (\d+)", line).groups())
     assert (machine_w, machine_h) == (762, 1172)
     assert re.search(r"would fit \d+ such wafers", line), line

@@ -55,7 +55,7 @@ def test_too_large_a_model_is_refused_with_what_would_fit(tmp_path, wse3):
     msg = str(e.value)
     assert "\n" not in msg
     assert "model needs" in msg and "PEs" in msg and "GB" in msg
-    assert f"machine 'wse3' is 762 x 1172 ({wse3.width * wse3.height} PEs" in msg
+    assert f"machine 'wse3' is 762 x 1172 ({wse3.width * wse3.height:,} PEs" in msg
     assert "would fit 3 such wafers" in msg  # 600 layers on 34 x 100 grids (fp32 weights)
 
 
