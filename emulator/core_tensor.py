@@ -12,8 +12,7 @@ from numba import njit
 from wse_emu.emulator.core_exec import (_fault, check_mem, check_operands, chunk_times, elements,
                                          finish_chunk, roles, room_for_trace, simd_variant)
 from wse_emu.emulator.core_fabric import need, queue_arrival, queue_consume, queue_read, send, send_fits
-from wse_emu.emulator.core_jobs import borrowed
-from wse_emu.emulator.core_jobs import read_mem
+from wse_emu.emulator.core_jobs import borrowed, read_mem
 from wse_emu.emulator.core_sram import store_elements, store_product
 from wse_emu.emulator.core_state import (
     CL_KIND, C_A, C_B, C_C, C_CLASS, C_SEM, C_SUB, D_COLOR, D_COUNT, D_DTYPE, D_KIND, D_LEN,

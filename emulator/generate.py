@@ -328,7 +328,8 @@ class Generator:
             ttft, lengths = [(prefill_cycles + cycles[0]) / self.machine.clock_hz], [len(ids)]
         else:
             ttft, lengths = self._ttft_estimate(position, cycles[0])
-        return GenerateResult(out, cycles, spt, 1.0 / spt, 0.0, int(prefill_cycles), per_layer, self.timing_only,
+        return GenerateResult(out, cycles, spt, 1.0 / spt, 0.0, int(prefill_cycles), per_layer,
+                              self.timing_only,
                               "timing-only" if self.timing_only else "functional",
                               decode_token if self.timing_only else None, note, position,
                               predicted_cycles=self.predicted_cycles(),
