@@ -128,7 +128,7 @@ def markdown(suite: dict) -> str:
         f = c["figures"]
         if c["status"] == "ok" and "ttft_seconds" in f:
             lines.append(f"- {_label(c)}: first token of a {f['ttft_prompt_tokens']}-token "
-                         f"prompt {fmt_seconds(f['ttft_seconds'])}")
+                         f"prompt {fmt_seconds(f['ttft_seconds'])} (fed a token a step)")
     lines += ["", "Columns: B = sequences in flight (a step carries one token of each); "
               "context = the largest KV-cache length of "
               f"{', '.join(map(str, CONTEXT_LADDER))} that "

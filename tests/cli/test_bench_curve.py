@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from wse_emu.apps.benchreport import markdown, violations
+from wse_emu.apps.benchreport import fmt_seconds, markdown, violations
 from wse_emu.apps.benchsuite import (BUILTIN_MODELS, DEFAULT_MODELS, BenchError, Case,
                                          ModelFigures, machine_json, measure, parse_sequences)
 from wse_emu.isa.machine import load_machine
@@ -93,6 +93,10 @@ def test_the_table_has_a_row_and_a_curve_row_per_case_and_b(run):
     assert f"| llama | test64 | 2 | {two['tokens_per_second']:,.0f} | " \
            f"{two['aggregate_tokens_per_second']:,.0f} | " in run.table
     assert f" | {ratio:.2f}x |" in run.table
+    ttft = [r for r in rows if r.startswith("- llama on test64, B = 2: first token")]
+    assert ttft == [f"- llama on test64, B = 2: first token of a 64-token prompt "
+                    f"{fmt_seconds(two['ttft_seconds'])} (fed a token a step)"]
+    assert two["ttft_seconds"] == pytest.approx(64 / two["tokens_per_second"], rel=1e-12)
 
 
 def test_the_curve_and_the_other_plots_are_written(run):
