@@ -588,12 +588,16 @@ def _build_trees(program, m, box, pe_of_cell, pe_x, pe_y) -> dict:
         raise LoadError(f"{src} loops: ({x},{y}) is reached twice")
     if m.chips > 1 and m.link_switch and tree.shape[0]:
         # through a switch the walk's point-to-point marks become the sender's port, with its
-        # copies, and relays (link_pipes): every entry's sender row is its tree's source's
+        # copies, and relays (link_pipes defines them; this works on the crossings only: a
+        # large system has 10^8 entries and 10^3 crossings)
         slots = np.flatnonzero(tree_of[:, TREE_START] >= 0)
-        rows = np.repeat(pe_y[slots // colors], tree_of[slots, TREE_COUNT])
         crossing = tree[:, TREE_DEST] <= TREE_PIPE0
-        pipes = link_pipes(m, box.w, tree[:, TREE_LINK], rows, tree[:, TREE_PARENT])
-        tree[crossing, TREE_DEST] = TREE_PIPE0 - pipes[crossing]
+
+        def sender_rows(entries):  # the row of each entry's tree's source (trees in slot order)
+            k = np.searchsorted(tree_of[slots, TREE_START], entries, side="right") - 1
+            return pe_y[slots[k] // colors]
+        at, pipes = switch_pipes(m, crossing, tree[:, TREE_PARENT], sender_rows)
+        tree[at, TREE_DEST] = TREE_PIPE0 - pipes
     return dict(tree_of=tree_of, tree=tree,
                 queue_slots=np.flatnonzero(mark).astype(np.int32))
 
@@ -647,16 +651,31 @@ def link_pipes(m: Machine, grid_w: int, links: np.ndarray,
         out[south] = 2 * (y[south] // ch)
         out[north] = 2 * (y[north] // ch - 1) + 1
         return out
-    from wse_emu.emulator.load_routes import switch_copies
-
     if sender_rows is None or parents is None or len(sender_rows) != len(links):
         raise ValueError("a switched system's pipes need every entry's sender row and parent")
-    copies = switch_copies(south | north, np.asarray(parents, dtype=np.int64))
-    first = copies > 0
-    src = np.asarray(sender_rows, dtype=np.int64)[first] // ch
-    out[first] = src + PIPE_COPY * (copies[first] - 1)
-    out[(south | north) & ~first] = PIPE_RELAY
+    rows = np.asarray(sender_rows, dtype=np.int64)
+    at, pipes = switch_pipes(m, south | north, parents, lambda entries: rows[entries])
+    out[at] = pipes
     return out
+
+
+def switch_pipes(m: Machine, crosses: np.ndarray, parents: np.ndarray,
+                 sender_rows) -> tuple[np.ndarray, np.ndarray]:
+    """Through a switch: (the crossing entries, their pipes) of link_pipes, given which
+    entries cross (bool per entry), the entries' tree_parent and sender_rows(entries), the
+    sender row of each given entry."""
+    from wse_emu.emulator.load_routes import first_crossings
+
+    crosses = np.asarray(crosses, dtype=np.bool_)
+    at = np.flatnonzero(crosses)
+    owner = first_crossings(at, crosses, np.asarray(parents, dtype=np.int64))
+    # a first crossing carries a copy for every crossing of its subtree, itself included
+    copies = np.bincount(np.searchsorted(at, owner), minlength=at.size)
+    pipes = np.full(at.shape, PIPE_RELAY, dtype=np.int32)
+    first = owner == at
+    pipes[first] = (sender_rows(at[first]) // m.chip_height
+                    + PIPE_COPY * (copies[first] - 1))
+    return at, pipes
 
 
 def pipe_ticks_per_wavelet(m: Machine) -> int:

@@ -140,22 +140,19 @@ def build_trees(rx, tx, pe_of_cell, sender_pe, sender_color, pe_x, pe_y, colors,
 
 
 @njit(cache=True)
-def switch_copies(crosses, parent):
-    """Through a switch (emulator/load.py link_pipes): per route entry, 0 where its link is
-    not a crossing or is a crossing beyond an earlier one of its path (the switch relays that
-    copy, no port of its own), else the crossings of the subtree from it on (itself included):
-    the copies of the message that leave by the sender's port there. Parents precede their
-    children (breadth-first entries, global indices, -1 at a source router)."""
-    n = crosses.shape[0]
-    owner = np.full(n, -1, dtype=np.int64)  # the first crossing on the entry's path
-    copies = np.zeros(n, dtype=np.int64)
-    for e in range(n):
-        up = owner[parent[e]] if parent[e] >= 0 else -1
-        if up >= 0:
-            owner[e] = up
-            if crosses[e]:
-                copies[up] += 1
-        elif crosses[e]:
-            owner[e] = e
-            copies[e] += 1
-    return copies
+def first_crossings(at, crosses, parent):
+    """Through a switch (emulator/load.py link_pipes): for each crossing entry at[i], the first
+    crossing of its path (the one nearest its source router, maybe itself): the entry whose
+    port carries its copy of the message, the switch relaying it beyond. A walk up the parents
+    from the crossings only (tree_parent: global indices, -1 at a source router), so a large
+    system's 10^8 entries cost nothing but their few crossings' paths."""
+    owner = np.empty(at.shape[0], dtype=np.int64)
+    for i in range(at.shape[0]):
+        top = at[i]
+        u = parent[top]
+        while u >= 0:
+            if crosses[u]:
+                top = u
+            u = parent[u]
+        owner[i] = top
+    return owner
