@@ -71,6 +71,7 @@ class GenerateResult:
     ttft_seconds: list = field(default_factory=list)
     ttft_prompt_lengths: list = field(default_factory=list)  # the prompts those are for
     compile_seconds: float = 0.0  # Numba compiling the core's machine code (a kind's first run)
+    load_seconds: float = 0.0  # loading the program before the runs, less compiling
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -96,7 +97,12 @@ class Generator:
         self.max_context = int(info["max_context"])
         self.layers = int(info["layers"])
         self.timing_only = timing_only
-        self.loaded = load(program, self.machine, base_dir=base_dir, with_data=not timing_only)
+        with HostClock() as clock:
+            self.loaded = load(program, self.machine, base_dir=base_dir,
+                               with_data=not timing_only)
+        # the load's host time (checks, route walk, state), reported beside the runs'; its
+        # compiling joins the first generate()'s compile_seconds
+        self.load_seconds, self._load_compile = clock.host_seconds, clock.compile_seconds
         self._initial = PageSnapshot(self.loaded.sram)  # weights, code, empty caches
         self._known = PageSnapshot(self.loaded.unknown)  # timing-only: nothing unknown yet
         from wse_emu.emulator.api import engine_run
@@ -262,10 +268,13 @@ class Generator:
         B prompts; the result has every sequence's ids (ids_per_sequence; generated_ids is
         sequence 0's) and cycles_per_token the runs from the longest prompt's last on.
 
-        host_seconds is the call's host time less Numba's compiling (compile_seconds)."""
+        host_seconds is the call's host time less Numba's compiling (compile_seconds);
+        load_seconds the Generator's load of the program, before it."""
         with HostClock() as clock:
             res = self._generate(prompt_ids, n, decode_token, position, on_step)
-        res.host_seconds, res.compile_seconds = clock.host_seconds, clock.compile_seconds
+        res.host_seconds, res.load_seconds = clock.host_seconds, self.load_seconds
+        res.compile_seconds = clock.compile_seconds + self._load_compile
+        self._load_compile = 0.0
         return res
 
     def _generate(self, prompt_ids, n: int, decode_token, position, on_step) -> GenerateResult:

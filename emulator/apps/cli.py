@@ -20,7 +20,7 @@ import time
 
 import click
 
-from wse_emu.emulator.host_clock import host_text
+from wse_emu.emulator.host_clock import HostClock, host_text
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
@@ -467,8 +467,9 @@ def run(binary, machine_name, inputs, dump_dir, as_json, trace_path, trace_cap, 
     show = chatty(as_json)
     with numba_notice(show):  # the loader's route builder is compiled too
         try:
-            loaded = load(program, machine, base_dir=base_dir_of(binary),
-                          with_data=not timing_only)
+            with HostClock() as load_clock:
+                loaded = load(program, machine, base_dir=base_dir_of(binary),
+                              with_data=not timing_only)
         except LoadError as e:
             if uses_hbm(program) and not machine.hbm_bytes and "--machine" not in str(e):
                 raise UserError(f"{e} (run it on an HBM preset, e.g. --machine h100)") \
@@ -480,6 +481,8 @@ def run(binary, machine_name, inputs, dump_dir, as_json, trace_path, trace_cap, 
                         trace_cap=trace_cap, progress=run_progress(show, max_cycles))
     clear_status()
     d = report.summary(loaded, result)
+    d["load_seconds"] = round(load_clock.host_seconds, 6)
+    d["compile_seconds"] = round(d["compile_seconds"] + load_clock.compile_seconds, 6)
     d["mode"] = "timing-only" if timing_only else "functional"
     halted = result.outcome == RUN_HALTED
     if trace_path and halted:
@@ -666,16 +669,23 @@ def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timin
         mean = sum(res.cycles_per_token) / len(res.cycles_per_token)
         click.echo(f"predicted       {res.predicted_cycles:,} cycles/token by the compiler's cost "
                    f"model (emulated / predicted {mean / res.predicted_cycles:.2f})")
-    click.echo(f"host            {host_text(res.host_seconds, res.compile_seconds)}")
+    _print_host(res)
     if res.parts:
         click.echo("per part        predicted / emulated cycles a step (emulated: when the part's "
                    "last PE halts, minus the part before)")
         for part, c in res.parts.items():
             click.echo(f"  {part:<24}  {c['predicted']:>10,} {c['emulated']:>10,}")
     _print_ttft(res)
-    click.echo("per token       compute / waiting for wavelets / backpressure cycles (summed over PEs)")
+    click.echo("per token       compute / waiting for wavelets / backpressure cycles (summed over "
+               "PEs)")
     for part, c in res.per_layer.items():
         click.echo(f"  {part:<12}  {c['compute']:>12,} {c['fabric']:>12,} {c['stall']:>10,}")
+
+
+def _print_host(res) -> None:
+    """generate's host time, the program's load before the runs apart."""
+    load = f" (after {res.load_seconds:.2f} s loading the program)"
+    click.echo(f"host            {host_text(res.host_seconds, res.compile_seconds, what=load)}")
 
 
 def _print_ttft(res) -> None:
@@ -713,7 +723,7 @@ def _print_sequences(res, gen, tokens: int, position, timing_only: bool) -> None
                    f"{mean / res.predicted_cycles:.2f})")
     click.echo(f"cycles/step     {', '.join(f'{c:,}' for c in res.cycles_per_token)}")
     _print_ttft(res)
-    click.echo(f"host            {host_text(res.host_seconds, res.compile_seconds)}")
+    _print_host(res)
 
 
 @main.command()

@@ -116,6 +116,7 @@ def test_disasm_then_plain_asm_is_byte_identical(gemv_bar, wse, tmp_path):
 def _without_host_time(stdout: str) -> dict:
     d = json.loads(stdout)
     assert d.pop("host_seconds") > 0
+    assert d.pop("load_seconds") > 0  # the program's load, before the run
     assert d.pop("compile_seconds") >= 0
     assert d.pop("host_threads") in (1, 2)  # the reference: 1; the core: 2 given two CPUs
     return d

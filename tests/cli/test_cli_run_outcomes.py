@@ -132,6 +132,7 @@ def test_max_cycles_utilisation_is_at_most_one(tmp_path, assemble, cli):
 def _without_host_time(stdout):
     d = json.loads(stdout)
     d.pop("host_seconds")
+    assert d.pop("load_seconds") > 0  # the program's load, before the run
     assert d.pop("compile_seconds") >= 0
     assert d.pop("host_threads") in (1, 2)
     return d

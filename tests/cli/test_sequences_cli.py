@@ -2,6 +2,7 @@
 sequences in flight on the wafer mapping, a batched step on the HBM target."""
 
 import json
+import re
 
 import pytest
 
@@ -54,10 +55,12 @@ def test_generate_timing_only_prints_per_sequence_and_aggregate(cli, compiled):
     assert "3 sequences x 2 decode steps" in out.stdout
     assert "a sequence" in out.stdout and "aggregate" in out.stdout
     assert "predicted" in out.stdout and "first token" in out.stdout
+    assert re.search(r"^host +[0-9.]+ s \(after [0-9.]+ s loading the program\)", out.stdout,
+                     re.M), out.stdout
     js = cli("generate", "s3.bin", "--timing-only", "--position", "10", "--tokens", "1",
              "--json", cwd=compiled)
     res = json.loads(js.stdout)
-    assert res["sequences"] == 3
+    assert res["sequences"] == 3 and res["load_seconds"] > 0
     assert res["aggregate_tokens_per_second"] == pytest.approx(3 * res["tokens_per_second"])
     assert res["ttft_prompt_lengths"] == [11, 11, 11]
 
