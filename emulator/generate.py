@@ -248,10 +248,15 @@ class Generator:
         if last > self.max_context:
             start = (f"a prompt of {n_prompt}" if position is None
                      else f"position {position}")
+            room = self.max_context - first + 1
+            fix = (f"ask for at most {room} token{'s' if room > 1 else ''}" if room >= 1 else
+                   f"start at position {self.max_context - n} at most" if position is not None
+                   and n < self.max_context else
+                   f"give a prompt of at most {self.max_context - n + 1} tokens"
+                   if position is None and n < self.max_context else "ask for fewer tokens")
             raise LoadError(f"{start} and {n} tokens need {last} cached positions, but the "
-                            f"program was compiled with max_context {self.max_context}: ask "
-                            f"for at most {max(self.max_context - first + 1, 0)} tokens, or "
-                            f"compile with a larger --max-context")
+                            f"program was compiled with max_context {self.max_context}: "
+                            f"{fix}, or compile with a larger --max-context")
 
     def generate(self, prompt_ids, n: int, decode_token: int | None = None,
                  position: int | None = None, on_step=None) -> GenerateResult:

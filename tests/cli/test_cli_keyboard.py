@@ -196,6 +196,14 @@ def test_generate_checks_the_kv_cache_before_starting(model, cli, user_error, mo
                "max_context 32", "at most 31 tokens")
     user_error(cli("generate", "s.bin", "--timing-only", "--position", "30", "--tokens", "3",
                    cwd=model), "at most 2 tokens")
+    # no room left at all: the bound that would fit, not "at most 0 tokens"
+    user_error(cli("generate", "s.bin", "--timing-only", "--position", "40", "--tokens", "3",
+                   cwd=model), "start at position 29 at most")
+    prompt = ",".join(["1"] * 33)
+    user_error(cli("generate", "m.bin", "--prompt-ids", prompt, "--tokens", "2", cwd=model),
+               "a prompt of 33 and 2 tokens need 34", "give a prompt of at most 31 tokens")
+    user_error(cli("generate", "s.bin", "--timing-only", "--position", "0", "--tokens", "40",
+                   cwd=model), "ask for at most 32 tokens")
 
 
 def test_generate_fills_the_cache_exactly(model, cli):
