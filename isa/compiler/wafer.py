@@ -515,13 +515,18 @@ def _refusal(dec, machine, dtype, exact, biases, sides, name, seqs: int = 1) -> 
             if fits:
                 R, C = fits
                 weights = _layer_weights(dec) * WEIGHT_BYTES[dtype]
+                need = sram_needed(dec, machine, dtype, exact, sides, seqs)
+                short = "" if need is None else (
+                    f"; on {machine.chips} wafer{'s' if machine.chips > 1 else ''} a layer's "
+                    f"PEs would need {need[0]:,} bytes of SRAM each ({need[1][0]} x "
+                    f"{need[1][1]} grids), not {machine.sram_bytes:,}")
                 return (f"{name}{caches} needs {chips} wafers of {chip.name} (--machine "
                         f"{chip.name}x{chips}): the model needs {L * R * C:,} PEs "
                         f"({L} layers on {R} x {C} grids, {weights / 1e9:.1f} GB "
                         f"of layer weights; embedding and head more) but machine "
                         f"'{machine.name}' is {machine.width} x {machine.height} "
                         f"({machine.pes:,} PEs); it would fit {chips} such wafers, its layers "
-                        f"split between them")
+                        f"split between them{short}")
     if fit:
         return (f"max_context {dec.max_context}{caches} does not fit machine "
                 f"'{machine.name}' ({machine.width} x {machine.height} PEs, "
@@ -544,6 +549,30 @@ def _refusal(dec, machine, dtype, exact, biases, sides, name, seqs: int = 1) -> 
             f"{_layer_weights(dec) * WEIGHT_BYTES[dtype] / 1e9:.2f} GB of layer weights; "
             f"embedding and head more) but machine '{machine.name}' is {machine.width} x "
             f"{machine.height} ({have:,} PEs) and has no links to join more of it")
+
+
+def sram_needed(dec, machine, dtype, exact, sides, seqs: int = 1) -> tuple | None:
+    """(bytes, grid): the least SRAM a PE would need for the model to be placed on `machine`'s
+    wafers as they are (their PEs and fabric), and the grid that needs it; None when no grid
+    places it there at any SRAM. A layer PE's data and code decide it (the embedding's and
+    head's columns are sized to a fixed budget, map_embedding and map_head); grids are tried
+    in order of their data, and the first whose data alone exceed the best so far ends it."""
+    roomy = replace(machine, sram_bytes=1 << 40)
+    best = None
+    data = {g: _layer_data(dec, geometry(dec, g), dtype, seqs) for g in sides}
+    for g in sorted(sides, key=lambda g: (data[g], g)):
+        if best is not None and data[g] >= best[0]:
+            break
+        geo = geometry(dec, g)
+        layout = exact or not geo.square  # as choose lays out the embedding and the head
+        if _arrange(dec, geo, roomy, dtype, layout, seqs=seqs) is None and (
+                exact or not layout or _arrange(dec, geo, roomy, dtype, False,
+                                                seqs=seqs) is None):
+            continue
+        need = data[g] + layer_code_bytes(dec, geo, roomy, dtype, seqs)
+        if best is None or need < best[0]:
+            best = (need, g)
+    return best
 
 
 def _fitting_context(dec, machine, dtype, exact, biases, sides, seqs: int) -> int:

@@ -140,7 +140,8 @@ def test_generate_human_output(root, binaries, reference_ids):
     ids = ",".join(map(str, reference_ids["gpt2"]))
     assert re.search(rf"^generated ids\s+{ids}$", text, re.M), text
     assert re.search(r"[\d,]+ tokens/s on wse3", text), text
-    assert re.search(r"^host\s+[\d.]+ s$", text, re.M), text
+    assert re.search(r"^host\s+[\d.]+ s \(after [\d.]+ s loading the program\)$", text,
+                     re.M), text
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])

@@ -8,6 +8,7 @@ Functional runs against transformers need torch (skipped without it); the rest n
 
 import itertools
 import json
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -116,8 +117,24 @@ def test_a_model_too_big_is_refused_with_the_wafers_that_would_hold_it(tmp_path)
     assert f"--machine test64x{chips}" in msg
     program, _ = compile_model(folder, system_of(one, chips), dtype="bf16", shape_only=True)
     assert len(program.model.groups) == chips
+    fewer = system_of(one, chips - 1)
+    with pytest.raises(CompileError, match=f"needs {chips} wafers") as e:
+        compile_model(folder, fewer, dtype="bf16", shape_only=True)
+    # and what SRAM a PE would let one wafer fewer hold it: exactly that much does, a byte
+    # less does not
+    got = re.search(r"on (\d+) wafers a layer's PEs would need ([\d,]+) bytes of SRAM each "
+                    r"\((\d+) x (\d+) grids\), not ([\d,]+)", str(e.value))
+    assert got, str(e.value)
+    assert int(got[1]) == chips - 1 and int(got[5].replace(",", "")) == one.sram_bytes
+    need, grid = int(got[2].replace(",", "")), (int(got[3]), int(got[4]))
+    assert need > one.sram_bytes
+    _, report = compile_model(folder, replace(fewer, sram_bytes=need), dtype="bf16",
+                              shape_only=True)
+    assert report.grid == "x".join(map(str, grid)) and len(report.wafers) == chips - 1
+    assert report.sram_max <= need
     with pytest.raises(CompileError, match=f"needs {chips} wafers"):
-        compile_model(folder, system_of(one, chips - 1), dtype="bf16", shape_only=True)
+        compile_model(folder, replace(fewer, sram_bytes=need - 1), dtype="bf16",
+                      shape_only=True)
 
 
 def test_crossing_prediction_pays_the_link_latency_and_bytes(tmp_path):
