@@ -248,12 +248,15 @@ class Generator:
         if last > self.max_context:
             start = (f"a prompt of {n_prompt}" if position is None
                      else f"position {position}")
-            room = self.max_context - first + 1
-            fix = (f"ask for at most {room} token{'s' if room > 1 else ''}" if room >= 1 else
-                   f"start at position {self.max_context - n} at most" if position is not None
-                   and n < self.max_context else
-                   f"give a prompt of at most {self.max_context - n + 1} tokens"
-                   if position is None and n < self.max_context else "ask for fewer tokens")
+            room = self.max_context - first + 1  # tokens that would still fit
+            if room >= 1:
+                fix = f"ask for at most {room} token{'s' if room > 1 else ''}"
+            elif n >= self.max_context:
+                fix = "ask for fewer tokens"
+            elif position is not None:
+                fix = f"start at position {self.max_context - n} at most"
+            else:
+                fix = f"give a prompt of at most {self.max_context - n + 1} tokens"
             raise LoadError(f"{start} and {n} tokens need {last} cached positions, but the "
                             f"program was compiled with max_context {self.max_context}: "
                             f"{fix}, or compile with a larger --max-context")

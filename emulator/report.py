@@ -206,7 +206,8 @@ def text(d: dict) -> str:
             lines.append(f"          {p['pipe']}: {p['bytes'] / 1e6:,.6f} MB, busy "
                          f"{p['busy_fraction'] * 100:.2f}% of the run")
     threads = " (tile products on a second thread)" if d["host_threads"] > 1 else ""
-    load = f" (after {d['load_seconds']:.3f} s loading the program)" if "load_seconds" in d else ""
+    load = (f" (after {d['load_seconds']:.3f} s loading the program)" if "load_seconds" in d
+            else "")
     lines.append(f"host      {host_text(d['host_seconds'], d['compile_seconds'], 3, load)}"
                  f"{threads}")
     return "\n".join(lines)

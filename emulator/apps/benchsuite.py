@@ -44,9 +44,9 @@ reason. tokens/s is
 a sequence's (one token a step), the aggregate B times that, FLOPs and the SIMD floor count the
 B tokens of the step, and the time to first token of a prompt of position + 1 tokens is that
 many steps (a wafer-mapped step costs the same at every position): the prompt is fed a token a
-step, as the compiled programs do (no batched or pipelined prefill is compiled yet). Every B of a model decodes
-the same position: the largest B is compiled first (B KV caches need the most SRAM), and the
-position it sets holds for the smaller ones.
+step, as the compiled programs do (no batched or pipelined prefill is compiled yet). Every B of
+a model decodes the same position: the largest B is compiled first (B KV caches need the most
+SRAM), and the position it sets holds for the smaller ones.
 
 Systems (NAMExN: several wafers, a GPU node; docs/timing-model.md, "Systems"): peak FLOPs and
 HBM bandwidth are the system's (every chip's); two more floors apply. "system links": the
