@@ -64,7 +64,7 @@ N_PE_COLS = P_TAG0 + N_DMA_TAGS
 FABOUT_BIT = N_DREGS
 
 # Descriptor registers: dsd[pe, reg] is eight int32 words (32 bytes a register, 512 a PE of
-# 16), read and written only through the accessors below (d_kind ... set_mem). The fields and
+# 16), read and written only through the accessors below (d_kind ... set_2d). The fields and
 # what they can hold (isa/spec.py's operand kinds; the reference keeps them as Python ints):
 # kind (0-2), dtype and color (8-bit slots) share the word D_TYPE, a byte each; stride (a
 # 32-bit immediate) and count (u16) are stored XOR 1, so that the empty descriptor (memory,
