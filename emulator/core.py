@@ -40,7 +40,7 @@ from wse_emu.emulator.core_state import (
     CT_OUT, CT_STOP, H_BUSY, HBM_TICKS, K_FAULT_PE, K_FAULT_REASON, K_HBM_READ, K_HBM_WRITE,
     K_HEAP_N, K_HOPS, K_INSTR_TOTAL, K_MESSAGES, K_OUTCOME, K_QUEUED, K_TRACE_N, K_WAVELETS,
     J_FREE, J_STATE, MP_ASYNC, MP_PE_BITS, N_CT, N_JOB_COLS, P_CLOCK, State, job_descriptors,
-    max_clock, result_columns, C_A, C_B, D_COUNT, D_DTYPE, D_LEN, P_CODE0, P_PC)
+    max_clock, result_columns, C_A, C_B, P_CODE0, P_PC, descriptor)
 from wse_emu.emulator.core_undo import restore_sram
 from wse_emu.emulator.host_clock import HostClock
 from wse_emu.emulator.load import Loaded, PageSnapshot, hbm_chip_detail
@@ -335,6 +335,7 @@ def _fault_detail(state: State, outcome: int) -> str:
         return ""
     p = int(k[K_FAULT_PE])
     at = int(state.pe[p, P_CODE0] + state.pe[p, P_PC])
-    d = state.dsd[p, int(state.code[at, C_A])]
-    nbytes = int(d[D_LEN] * d[D_COUNT]) * DTYPE_BYTES[int(d[D_DTYPE])]
+    _kind, _addr, n, _stride, count, _cstride, dtype, _color = descriptor(
+        state.dsd, p, int(state.code[at, C_A]))
+    nbytes = n * count * DTYPE_BYTES[dtype]
     return hbm_chip_detail(state.loaded, p, int(state.ireg[p, int(state.code[at, C_B])]), nbytes)

@@ -19,8 +19,8 @@ from wse_emu.emulator.core_fabric import need
 from wse_emu.emulator.core_jobs import borrowed
 from wse_emu.emulator.core_ops import OPERAND_ROLES, R_DST, R_DST_MEM, R_SRC0, R_SRC1
 from wse_emu.emulator.core_state import (
-    CK_FMAC, CK_MOVE, CK_SPECIAL, D_ADDR, D_COLOR, D_COUNT, D_CSTRIDE, D_DTYPE, D_KIND, D_LEN,
-    D_STRIDE, FABOUT_BIT, K_CLASS0, K_HALTED, K_INSTR_TOTAL, K_TRACE_N, MP_TIMING, MP_TRACE_CAP,
+    CK_FMAC, CK_MOVE, CK_SPECIAL, FABOUT_BIT, K_CLASS0, K_HALTED, K_INSTR_TOTAL, K_TRACE_N,
+    MP_TIMING, MP_TRACE_CAP,
     NEED_TRACE, P_BUSY, P_CLOCK, P_DONE, P_FABRIC, P_FAULT, P_FTAINT, P_INSTR, P_PC, P_RSTALL,
     P_SRAM0, P_SRAM_LEN, P_STATUS,
     S_ADD, S_ADDI, S_AND, S_ANDI, S_BEQ, S_BGE, S_BLT, S_BNE, S_D2D, S_DADDR, S_DFIN,
@@ -30,7 +30,8 @@ from wse_emu.emulator.core_state import (
     S_SLT, S_SUB, S_SW, S_TENSOR, S_XOR, V_CONVERT, V_F16, V_F32, V_MIXED, V_SPECIAL, X_FAULT,
     S_DMALD, S_DMAST, H_BUSY, H_FREE, HBM_TICKS, K_HBM_READ, K_HBM_WRITE, MP_HBM_BYTES,
     MP_HBM_CH, MP_HBM_IL, MP_HBM_LAT, MP_ISSUE, P_CODELEN, P_DMASTALL, P_TAG0, X_GROW, X_OK,
-    MP_CHIP_H, MP_HBM_CHIP, MP_HBM_HOST)
+    MP_CHIP_H, MP_HBM_CHIP, MP_HBM_HOST, d_addr, d_color, d_count, d_cstride, d_dtype, d_kind,
+    d_len, d_stride, set_2d, set_addr, set_descriptor, set_len, set_stride)
 from wse_emu.emulator.core_sram import mem_bytes, store_dma, store_f32, store_i32
 from wse_emu.emulator.result import (F_ALIGN, F_COUNT, F_DEST_NOT_MEM, F_DMA_DESC, F_DMA_TAG,
                              F_FABIN_DEST, F_FABOUT_SRC, F_HBM_CHIP, F_HBM_RANGE, F_OOB,
@@ -230,32 +231,17 @@ def exec_desc(p, sem, a, b, c, imm, il, ih, sched):
         elif sem == S_DFOUT:
             pe[p, P_FABRIC] |= np.int64(1) << (FABOUT_BIT + a)
     if sem == S_DMEM:
-        dsd[p, a, D_KIND] = DSD_MEM
-        dsd[p, a, D_ADDR] = il
-        dsd[p, a, D_LEN] = ih
-        dsd[p, a, D_STRIDE] = 1
-        dsd[p, a, D_COUNT] = 1
-        dsd[p, a, D_CSTRIDE] = ih
-        dsd[p, a, D_DTYPE] = b
-        dsd[p, a, D_COLOR] = 0
+        set_descriptor(dsd, p, a, DSD_MEM, b, 0, il, ih, ih)
     elif sem == S_DFIN or sem == S_DFOUT:
-        dsd[p, a, D_KIND] = DSD_FABIN if sem == S_DFIN else DSD_FABOUT
-        dsd[p, a, D_ADDR] = 0
-        dsd[p, a, D_LEN] = imm
-        dsd[p, a, D_STRIDE] = 1
-        dsd[p, a, D_COUNT] = 1
-        dsd[p, a, D_CSTRIDE] = imm
-        dsd[p, a, D_DTYPE] = b
-        dsd[p, a, D_COLOR] = c
+        set_descriptor(dsd, p, a, DSD_FABIN if sem == S_DFIN else DSD_FABOUT, b, c, 0, imm, imm)
     elif sem == S_DSTRIDE:
-        dsd[p, a, D_STRIDE] = imm
+        set_stride(dsd, p, a, imm)
     elif sem == S_D2D:
-        dsd[p, a, D_COUNT] = il
-        dsd[p, a, D_CSTRIDE] = ih
+        set_2d(dsd, p, a, il, ih)
     elif sem == S_DADDR:
-        dsd[p, a, D_ADDR] = ireg[p, b] + imm
+        set_addr(dsd, p, a, ireg[p, b] + imm)
     elif sem == S_DLEN:
-        dsd[p, a, D_LEN] = ireg[p, b]
+        set_len(dsd, p, a, ireg[p, b])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,10 +251,10 @@ def exec_desc(p, sem, a, b, c, imm, il, ih, sched):
 @njit(cache=True, inline="always")
 def elements(dsd, p, r):
     """Elements descriptor r names: len * count (SRAM) or len (fabric); -1 if negative."""
-    n, count = dsd[p, r, D_LEN], dsd[p, r, D_COUNT]
+    n, count = d_len(dsd, p, r), d_count(dsd, p, r)
     if n < 0 or count < 0:
         return -1
-    if dsd[p, r, D_KIND] != DSD_MEM:
+    if d_kind(dsd, p, r) != DSD_MEM:
         return n
     if n > MANY_ROWS and count > 0:  # count < 2**16, so smaller products are exact
         return MANY
@@ -279,12 +265,12 @@ def elements(dsd, p, r):
 def check_mem(dsd, p, r, limit):
     """0, or the fault of an SRAM descriptor that is misaligned or reaches outside the SRAM
     (bytes 0 .. limit - 1: the footprint of the PE's region, pe[p, P_SRAM_LEN])."""
-    size = 4 if dsd[p, r, D_DTYPE] == DT_F32 else 2
-    addr = dsd[p, r, D_ADDR]
+    size = 4 if d_dtype(dsd, p, r) == DT_F32 else 2
+    addr = d_addr(dsd, p, r)
     if addr & (size - 1) != 0:  # == addr % size for a power of two, negative addr too
         return F_ALIGN
-    n, stride = dsd[p, r, D_LEN], dsd[p, r, D_STRIDE]
-    if n == 0 or dsd[p, r, D_COUNT] == 0:
+    n, stride = d_len(dsd, p, r), d_stride(dsd, p, r)
+    if n == 0 or d_count(dsd, p, r) == 0:
         return 0
     # stride is a 32-bit immediate, count and cstride 16-bit ones: within these bounds the
     # exact products of mem_bytes fit in int64 (the float product only screens long ones)
@@ -343,12 +329,12 @@ def is_fabric(sem, a, b, c, fabric):
 def check_operands(sem, dst, s0, s1, dsd, p, limit):
     """0 or the fault of a tensor op's operands, in emulator/reference.py's order."""
     if dst >= 0:
-        if dsd[p, dst, D_KIND] == DSD_FABIN:
+        if d_kind(dsd, p, dst) == DSD_FABIN:
             return F_FABIN_DEST
-        if OPERAND_ROLES[sem, R_DST_MEM] and dsd[p, dst, D_KIND] != DSD_MEM:
+        if OPERAND_ROLES[sem, R_DST_MEM] and d_kind(dsd, p, dst) != DSD_MEM:
             return F_DEST_NOT_MEM
-    if (s0 >= 0 and dsd[p, s0, D_KIND] == DSD_FABOUT) or \
-            (s1 >= 0 and dsd[p, s1, D_KIND] == DSD_FABOUT):
+    if (s0 >= 0 and d_kind(dsd, p, s0) == DSD_FABOUT) or \
+            (s1 >= 0 and d_kind(dsd, p, s1) == DSD_FABOUT):
         return F_FABOUT_SRC
     n = -2
     for r in (dst, s0, s1):
@@ -358,12 +344,12 @@ def check_operands(sem, dst, s0, s1, dsd, p, limit):
                 return F_COUNT
             n = e
     for r in (dst, s0, s1):
-        if r >= 0 and dsd[p, r, D_KIND] == DSD_MEM:
+        if r >= 0 and d_kind(dsd, p, r) == DSD_MEM:
             f = check_mem(dsd, p, r, limit)
             if f:
                 return f
-    if s0 >= 0 and s1 >= 0 and dsd[p, s0, D_KIND] == DSD_FABIN and \
-            dsd[p, s1, D_KIND] == DSD_FABIN and dsd[p, s0, D_COLOR] == dsd[p, s1, D_COLOR]:
+    if s0 >= 0 and s1 >= 0 and d_kind(dsd, p, s0) == DSD_FABIN and \
+            d_kind(dsd, p, s1) == DSD_FABIN and d_color(dsd, p, s0) == d_color(dsd, p, s1):
         return F_SAME_COLOR
     return 0
 
@@ -463,8 +449,8 @@ def exec_dma(p, sem, a, b, tag, cls, const, sched, mem, far):
     mp, hbm = const.mp, far.hbm
     if tag >= N_DMA_TAGS:
         return _fault(pe, p, F_DMA_TAG)
-    if dsd[p, a, D_KIND] != DSD_MEM or dsd[p, a, D_STRIDE] != 1 or \
-            not (dsd[p, a, D_COUNT] == 1 or dsd[p, a, D_CSTRIDE] == dsd[p, a, D_LEN]):
+    if d_kind(dsd, p, a) != DSD_MEM or d_stride(dsd, p, a) != 1 or \
+            not (d_count(dsd, p, a) == 1 or d_cstride(dsd, p, a) == d_len(dsd, p, a)):
         return _fault(pe, p, F_DMA_DESC)
     n = elements(dsd, p, a)
     if n < 0:
@@ -472,7 +458,7 @@ def exec_dma(p, sem, a, b, tag, cls, const, sched, mem, far):
     f = check_mem(dsd, p, a, pe[p, P_SRAM_LEN])
     if f:
         return _fault(pe, p, f)
-    size = 4 if dsd[p, a, D_DTYPE] == DT_F32 else 2
+    size = 4 if d_dtype(dsd, p, a) == DT_F32 else 2
     nbytes = n * size
     addr = ireg[p, b]
     if addr < 0 or addr > mp[MP_HBM_BYTES] or addr % size != 0 or \
@@ -499,7 +485,7 @@ def exec_dma(p, sem, a, b, tag, cls, const, sched, mem, far):
     else:
         if mp[MP_TIMING] == 0:
             sram_u16 = mem.sram_u16
-            w = (pe[p, P_SRAM0] + dsd[p, a, D_ADDR]) // 2
+            w = (pe[p, P_SRAM0] + d_addr(dsd, p, a)) // 2
             for i in range(nbytes // 2):
                 v = sram_u16[w + i]
                 hbm[host + 2 * i] = np.uint8(v & 0xFF)

@@ -35,9 +35,9 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from wse_emu.emulator.core_state import (
-    CT_DONE, CT_HEAD, CT_HELPED, CT_OUT, CT_SEEN, CT_STOLEN, CT_STOP, D_ADDR, D_COUNT, D_CSTRIDE,
-    D_DTYPE, D_LEN, D_STRIDE, J_BASE, J_CLAIMED, J_DONE, J_FREE, J_KCOLS, J_MROWS, J_NCOLS, J_P,
-    J_READY, J_SEM, J_SEQ, J_STATE, J_TOTAL, P_PENDING, S_MMA, S_MV, S_MVA)
+    CT_DONE, CT_HEAD, CT_HELPED, CT_OUT, CT_SEEN, CT_STOLEN, CT_STOP, J_BASE, J_CLAIMED, J_DONE,
+    J_FREE, J_KCOLS, J_MROWS, J_NCOLS, J_P, J_READY, J_SEM, J_SEQ, J_STATE, J_TOTAL, P_PENDING,
+    S_MMA, S_MV, S_MVA, d_addr, d_count, d_cstride, d_dtype, d_len, d_stride)
 from wse_emu.kernels import matrix
 from wse_emu.kernels.access import DT_F32, gather, scatter
 from wse_emu.kernels.prefetch import prefetch_span, prefetch_write
@@ -135,8 +135,8 @@ def borrowed(typingctx, arr):
 def read_mem(dsd, p, r, first, k, out, sram_f32, sram_u16, base):
     """out[0:k] = elements first .. first + k - 1 of PE p's SRAM descriptor r, as fp32 (a
     read: no gateway; the helper thread and the executors read with it)."""
-    gather(sram_f32, sram_u16, base + dsd[p, r, D_ADDR], dsd[p, r, D_LEN],
-           dsd[p, r, D_STRIDE], dsd[p, r, D_COUNT], dsd[p, r, D_CSTRIDE], dsd[p, r, D_DTYPE],
+    gather(sram_f32, sram_u16, base + d_addr(dsd, p, r), d_len(dsd, p, r),
+           d_stride(dsd, p, r), d_count(dsd, p, r), d_cstride(dsd, p, r), d_dtype(dsd, p, r),
            first, k, out)
 
 
@@ -144,8 +144,8 @@ def read_mem(dsd, p, r, first, k, out, sram_f32, sram_u16, base):
 def _write_mem(dsd, p, r, first, k, vals, sram_f32, sram_u16, base):
     """The product's write to y, on whichever thread ran it: the gateway (core_sram) logged
     y's old contents when the product was published."""
-    scatter(sram_f32, sram_u16, base + dsd[p, r, D_ADDR], dsd[p, r, D_LEN],
-            dsd[p, r, D_STRIDE], dsd[p, r, D_COUNT], dsd[p, r, D_CSTRIDE], dsd[p, r, D_DTYPE],
+    scatter(sram_f32, sram_u16, base + d_addr(dsd, p, r), d_len(dsd, p, r),
+            d_stride(dsd, p, r), d_count(dsd, p, r), d_cstride(dsd, p, r), d_dtype(dsd, p, r),
             first, k, vals)
 
 
@@ -162,12 +162,12 @@ def product(dsd, row, y, w, x, sem, base, m_rows, k_cols, n_cols, total, sram_f3
     if sem == S_MV or sem == S_MVA:
         xv = scratch[0]
         read_mem(dsd, row, x, 0, k_cols, xv, sram_f32, sram_u16, base)
-        matrix.mv(sram_f32, sram_u16, base + dsd[row, w, D_ADDR], m_rows, k_cols,
-                  dsd[row, w, D_CSTRIDE], dsd[row, w, D_DTYPE], xv, acc)
+        matrix.mv(sram_f32, sram_u16, base + d_addr(dsd, row, w), m_rows, k_cols,
+                  d_cstride(dsd, row, w), d_dtype(dsd, row, w), xv, acc)
     else:
-        matrix.mm(sram_f32, sram_u16, base + dsd[row, w, D_ADDR], m_rows, k_cols,
-                  dsd[row, w, D_CSTRIDE], dsd[row, w, D_DTYPE], base + dsd[row, x, D_ADDR],
-                  n_cols, dsd[row, x, D_CSTRIDE], dsd[row, x, D_DTYPE], acc)
+        matrix.mm(sram_f32, sram_u16, base + d_addr(dsd, row, w), m_rows, k_cols,
+                  d_cstride(dsd, row, w), d_dtype(dsd, row, w), base + d_addr(dsd, row, x),
+                  n_cols, d_cstride(dsd, row, x), d_dtype(dsd, row, x), acc)
 
 
 @njit(cache=True, inline="always")
@@ -315,10 +315,10 @@ def _prefetch_ahead(cursor, head, jobs, jdsd, sram_u16):
         base = jobs[slot, J_BASE]
         for r in (0, 2):  # y (to be written), x: their first PREFETCH_WORDS, or first element
             words = (jobs[slot, J_TOTAL] if r == 0 else jobs[slot, J_KCOLS]) * \
-                (2 if jdsd[slot, r, D_DTYPE] == DT_F32 else 1)
-            if jdsd[slot, r, D_STRIDE] != 1:
+                (2 if d_dtype(jdsd, slot, r) == DT_F32 else 1)
+            if d_stride(jdsd, slot, r) != 1:
                 words = 1
-            prefetch_span(sram_u16, (base + jdsd[slot, r, D_ADDR]) >> 1,
+            prefetch_span(sram_u16, (base + d_addr(jdsd, slot, r)) >> 1,
                           min(words, PREFETCH_WORDS), r == 0)
 
 

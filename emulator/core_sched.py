@@ -48,12 +48,12 @@ from wse_emu.emulator.core_fabric import heap_pop_top, heap_push, heap_replace_t
 from wse_emu.emulator.core_jobs import borrowed
 from wse_emu.emulator.core_sram import sram_gate
 from wse_emu.emulator.core_state import (
-    C_A, C_B, C_C, C_CLASS, C_COST, C_IH, C_IL, C_IMM, C_SEM, CT_SEEN, D_ADDR, D_COLOR, D_KIND,
-    K_CLASS0, K_FAULT_PE, K_FAULT_REASON, K_HALTED, K_HEAP_N, K_INSTR_TOTAL, K_OUTCOME,
+    C_A, C_B, C_C, C_CLASS, C_COST, C_IH, C_IL, C_IMM, C_SEM, CT_SEEN, K_CLASS0, K_FAULT_PE,
+    K_FAULT_REASON, K_HALTED, K_HEAP_N, K_INSTR_TOTAL, K_OUTCOME,
     MAX_KEY_BITS, MP_COLORS, MP_MAX_CYCLES, MP_PE_BITS, MP_STRICT, P_BUSY, P_CLOCK,
     P_CODE0, P_CODELEN, P_FABRIC, P_FAULT, P_INSTR, P_PC, P_PENDING, P_SRAM0,
     P_STATUS, S_DESC, S_DMAWAIT, S_FLOAT, S_MATRIX, S_TENSOR, X_FAULT, X_GROW, X_OK,
-    X_STOP)
+    X_STOP, d_addr, d_color, d_kind)
 from wse_emu.emulator.core_tensor import matrix_op, tensor_op
 from wse_emu.emulator.result import (F_PC_END, RUN_DEADLOCK, RUN_FAULT, RUN_HALTED, RUN_MAX_CYCLES,
                              ST_FAULT, ST_HALT, ST_RUN)
@@ -169,7 +169,7 @@ def _prefetch_next(heap, heap_n, mask, pe, dsd, fab, colors):
         prefetch(pe, q * row + i)
     prefetch(pe, q * row + row - 1)
     row = dsd.shape[1] * dsd.shape[2]
-    for i in range(0, row, 8):
+    for i in range(0, row, 16):  # 16 int32 a line
         prefetch(dsd, q * row + i)
     prefetch(dsd, q * row + row - 1)
     # and, if it sends, its first route's row and the queue and status of that route's first
@@ -211,9 +211,9 @@ def _prefetch_operands(p, code, pe, dsd, sram_u16, fab, far, colors):
     for r in (code[at, C_A], code[at, C_B], code[at, C_C]):
         if r < 0 or r >= dsd.shape[1]:
             continue
-        kind = dsd[p, r, D_KIND]
+        kind = d_kind(dsd, p, r)
         if kind == DSD_MEM and base >= 0:
-            w = (base + dsd[p, r, D_ADDR]) >> 1
+            w = (base + d_addr(dsd, p, r)) >> 1
             if w < 0:
                 continue
             end = min(w + PREFETCH_LINES * 32, limit)  # 32 uint16 words a 64-byte line
@@ -221,7 +221,7 @@ def _prefetch_operands(p, code, pe, dsd, sram_u16, fab, far, colors):
                 prefetch(sram_u16, w)
                 w += 32
         elif kind == DSD_FABOUT or kind == DSD_FABIN:
-            slot = p * colors + dsd[p, r, D_COLOR]
+            slot = p * colors + d_color(dsd, p, r)
             if 0 <= slot < queue.shape[0]:
                 if kind == DSD_FABOUT:
                     prefetch(tree_of, slot * tree_of.shape[1])

@@ -26,9 +26,9 @@ from numba import njit
 from wse_emu.emulator.core_jobs import product, publish, settle
 from wse_emu.emulator.core_ops import OPERAND_ROLES, R_DST
 from wse_emu.emulator.core_state import (
-    D_ADDR, D_COUNT, D_CSTRIDE, D_DTYPE, D_LEN, D_STRIDE, MP_ASYNC, MP_TIMING, MP_UNDO,
-    P_PENDING, P_SRAM0, P_SRAM_LEN, S_DMA, S_DMALD, S_DMAWAIT, S_FLW, S_FSW, S_LW, S_MATRIX,
-    S_SW, S_TENSOR)
+    MP_ASYNC, MP_TIMING, MP_UNDO, P_PENDING, P_SRAM0, P_SRAM_LEN, S_DMA, S_DMALD, S_DMAWAIT,
+    S_FLW, S_FSW, S_LW, S_MATRIX, S_SW, S_TENSOR, d_addr, d_count, d_cstride, d_dtype, d_len,
+    d_stride)
 from wse_emu.emulator.core_undo import note_write, undo_fits
 from wse_emu.isa.spec import DTYPES
 from wse_emu.kernels.access import scatter
@@ -76,13 +76,13 @@ def sram_gate(p, sem, const, sched, mem, far):
 @njit(cache=True, inline="always")
 def mem_bytes(dsd, p, r):
     """[lo, hi) bytes of PE p's SRAM that SRAM descriptor r touches (after check_mem)."""
-    size = 4 if dsd[p, r, D_DTYPE] == DT_F32 else 2
-    addr = dsd[p, r, D_ADDR]
-    n, count = dsd[p, r, D_LEN], dsd[p, r, D_COUNT]
+    size = 4 if d_dtype(dsd, p, r) == DT_F32 else 2
+    addr = d_addr(dsd, p, r)
+    n, count = d_len(dsd, p, r), d_count(dsd, p, r)
     if n == 0 or count == 0:
         return addr, addr
-    inner = (n - 1) * dsd[p, r, D_STRIDE]
-    outer = (count - 1) * dsd[p, r, D_CSTRIDE]
+    inner = (n - 1) * d_stride(dsd, p, r)
+    outer = (count - 1) * d_cstride(dsd, p, r)
     return (addr + (min(0, inner) + min(0, outer)) * size,
             addr + (max(0, inner) + max(0, outer) + 1) * size)
 
@@ -95,10 +95,10 @@ def mark_unknown(unknown, pe, p, dsd, r, first, k):
     base = pe[p, P_SRAM0]
     if base < 0 or k <= 0:
         return
-    size = 4 if dsd[p, r, D_DTYPE] == DT_F32 else 2
-    addr = base + dsd[p, r, D_ADDR]
-    n, stride, cstride = dsd[p, r, D_LEN], dsd[p, r, D_STRIDE], dsd[p, r, D_CSTRIDE]
-    if stride == 1 and (dsd[p, r, D_COUNT] == 1 or cstride == n):  # contiguous
+    size = 4 if d_dtype(dsd, p, r) == DT_F32 else 2
+    addr = base + d_addr(dsd, p, r)
+    n, stride, cstride = d_len(dsd, p, r), d_stride(dsd, p, r), d_cstride(dsd, p, r)
+    if stride == 1 and (d_count(dsd, p, r) == 1 or cstride == n):  # contiguous
         lo = addr + first * size
         unknown[lo >> 2:((lo + k * size - 1) >> 2) + 1] = 1
         return
@@ -141,8 +141,8 @@ def store_elements(p, r, first, k, vals, const, sched, mem):
         return
     lo, hi = mem_bytes(dsd, p, r)
     _log(p, lo, hi, const, sched, mem)
-    scatter(mem.sram_f32, mem.sram_u16, pe[p, P_SRAM0] + dsd[p, r, D_ADDR], dsd[p, r, D_LEN],
-            dsd[p, r, D_STRIDE], dsd[p, r, D_COUNT], dsd[p, r, D_CSTRIDE], dsd[p, r, D_DTYPE],
+    scatter(mem.sram_f32, mem.sram_u16, pe[p, P_SRAM0] + d_addr(dsd, p, r), d_len(dsd, p, r),
+            d_stride(dsd, p, r), d_count(dsd, p, r), d_cstride(dsd, p, r), d_dtype(dsd, p, r),
             first, k, vals)
 
 
@@ -154,7 +154,7 @@ def store_dma(p, r, n, nbytes, hbm, host, const, sched, mem):
     if const.mp[MP_TIMING]:
         mark_unknown(mem.unknown, pe, p, dsd, r, 0, n)
         return
-    lo = dsd[p, r, D_ADDR]
+    lo = d_addr(dsd, p, r)
     _log(p, lo, lo + nbytes, const, sched, mem)
     sram_u16 = mem.sram_u16
     w = (pe[p, P_SRAM0] + lo) // 2

@@ -12,11 +12,15 @@ from the mnemonics of isa.spec when the code table is decoded (decode_table).
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections import namedtuple
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from wse_emu.emulator.load import Loaded, pipe_ticks_per_wavelet
 from wse_emu.isa.costs import products_by_column
@@ -59,8 +63,143 @@ P_TAG0 = 20
 N_PE_COLS = P_TAG0 + N_DMA_TAGS
 FABOUT_BIT = N_DREGS
 
-# Descriptor fields (dsd[pe, reg, field]), as in emulator/reference.py.
-D_KIND, D_ADDR, D_LEN, D_STRIDE, D_COUNT, D_CSTRIDE, D_DTYPE, D_COLOR = range(8)
+# Descriptor registers: dsd[pe, reg] is eight int32 words (32 bytes a register, 512 a PE of
+# 16), read and written only through the accessors below (d_kind ... set_2d). The fields and
+# what they can hold (isa/spec.py's operand kinds; the reference keeps them as Python ints):
+# kind (0-2), dtype and color (8-bit slots) share the word D_TYPE, a byte each; stride (a
+# 32-bit immediate) and count (u16) are stored XOR 1, so that the empty descriptor (memory,
+# length 0, stride 1, count 1) is all zeros and a fresh table needs no reset; cstride (u16,
+# s16 or a 32-bit immediate); address and length take two words each, low then high, as
+# daddr and dlen copy any int64 from a register (only the SRAM's range is valid, but a
+# larger value must fault as the reference's does, not wrap to a valid one). DMA's HBM
+# address is a register operand, not a descriptor field.
+D_TYPE, D_STRIDE, D_COUNT, D_CSTRIDE, D_ADDR, D_ADDR_HI, D_LEN, D_LEN_HI = range(8)
+N_DSD_WORDS = 8
+
+
+def _wide_ptr(context, builder, sig, args):
+    """An int64 pointer to words lo, lo + 1 of dsd[p, r] (non-negative indices)."""
+    aryty = sig.args[0]
+    ary = context.make_array(aryty)(context, builder, args[0])
+    index = [context.cast(builder, v, t, types.intp) for v, t in zip(args[1:4], sig.args[1:4])]
+    ptr = cgutils.get_item_pointer(context, builder, aryty, ary, index, wraparound=False)
+    return builder.bitcast(ptr, ir.IntType(64).as_pointer())
+
+
+def _descriptor_table(dsd) -> bool:
+    return isinstance(dsd, types.Array) and dsd.dtype == types.int32 and dsd.ndim == 3
+
+
+# Address and length are read and written as one int64 each (the low word first: this host is
+# little-endian). Combining two int32 loads instead, LLVM's code for the loop's tensor ops ran
+# 1.4x slower on programs/stress for 3 % more instructions.
+assert sys.byteorder == "little"
+
+
+@intrinsic
+def _wide(typingctx, dsd, p, r, lo):
+    """Words lo, lo + 1 of dsd[p, r] as one int64."""
+    if not _descriptor_table(dsd):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.load(_wide_ptr(context, builder, sig, args), align=4)
+    return types.int64(dsd, p, r, lo), codegen
+
+
+@intrinsic
+def _set_wide(typingctx, dsd, p, r, lo, v):
+    """Words lo, lo + 1 of dsd[p, r] = the int64 v."""
+    if not _descriptor_table(dsd) or not isinstance(v, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        value = context.cast(builder, args[4], sig.args[4], types.int64)
+        builder.store(value, _wide_ptr(context, builder, sig, args), align=4)
+        return context.get_dummy_value()
+    return types.void(dsd, p, r, lo, v), codegen
+
+
+@njit(cache=True, inline="always")
+def d_kind(dsd, p, r):
+    """DSD_MEM, DSD_FABIN or DSD_FABOUT."""
+    return dsd[p, r, D_TYPE] & 0xFF
+
+
+@njit(cache=True, inline="always")
+def d_dtype(dsd, p, r):
+    return (dsd[p, r, D_TYPE] >> 8) & 0xFF
+
+
+@njit(cache=True, inline="always")
+def d_color(dsd, p, r):
+    return dsd[p, r, D_TYPE] >> 16
+
+
+@njit(cache=True, inline="always")
+def d_addr(dsd, p, r):
+    return _wide(dsd, p, r, D_ADDR)
+
+
+@njit(cache=True, inline="always")
+def d_len(dsd, p, r):
+    return _wide(dsd, p, r, D_LEN)
+
+
+@njit(cache=True, inline="always")
+def d_stride(dsd, p, r):
+    return np.int64(dsd[p, r, D_STRIDE] ^ 1)
+
+
+@njit(cache=True, inline="always")
+def d_count(dsd, p, r):
+    return np.int64(dsd[p, r, D_COUNT] ^ 1)
+
+
+@njit(cache=True, inline="always")
+def d_cstride(dsd, p, r):
+    return np.int64(dsd[p, r, D_CSTRIDE])
+
+
+@njit(cache=True, inline="always")
+def set_descriptor(dsd, p, r, kind, dtype, color, addr, n, cstride):
+    """Descriptor r of PE p = a new one (dmem, dfin, dfout): stride 1, count 1."""
+    dsd[p, r, D_TYPE] = np.int32(kind | (dtype << 8) | (color << 16))
+    dsd[p, r, D_STRIDE] = 0  # 1 ^ 1
+    dsd[p, r, D_COUNT] = 0
+    dsd[p, r, D_CSTRIDE] = np.int32(cstride)
+    _set_wide(dsd, p, r, D_ADDR, addr)
+    _set_wide(dsd, p, r, D_LEN, n)
+
+
+@njit(cache=True, inline="always")
+def set_addr(dsd, p, r, addr):
+    _set_wide(dsd, p, r, D_ADDR, addr)
+
+
+@njit(cache=True, inline="always")
+def set_len(dsd, p, r, n):
+    _set_wide(dsd, p, r, D_LEN, n)
+
+
+@njit(cache=True, inline="always")
+def set_stride(dsd, p, r, stride):
+    dsd[p, r, D_STRIDE] = np.int32(stride ^ 1)
+
+
+@njit(cache=True, inline="always")
+def set_2d(dsd, p, r, count, cstride):
+    dsd[p, r, D_COUNT] = np.int32(count ^ 1)
+    dsd[p, r, D_CSTRIDE] = np.int32(cstride)
+
+
+def descriptor(dsd: np.ndarray, p: int, r: int) -> tuple[int, ...]:
+    """Descriptor r of PE p as the reference keeps it: (kind, addr, len, stride, count,
+    cstride, dtype, color), Python ints (for the driver and tests, outside the loop)."""
+    w = [int(v) for v in dsd[p, r]]
+    wide = [(w[i + 1] << 32) | (w[i] & 0xFFFFFFFF) for i in (D_ADDR, D_LEN)]
+    return (w[D_TYPE] & 0xFF, wide[0], wide[1], w[D_STRIDE] ^ 1, w[D_COUNT] ^ 1,
+            w[D_CSTRIDE], (w[D_TYPE] >> 8) & 0xFF, w[D_TYPE] >> 16)
 
 # Input queue per (PE, color) slot: first and last delivery, wavelets queued (0 = empty,
 # and then first and last mean nothing: no delivery is empty).
@@ -119,10 +258,11 @@ HBM_TICKS = 1024
 
 # The helper's ring (core_jobs): per job its state, number, PE, semantic id, the PE's SRAM
 # offset, shape (rows and columns of W, columns of X, elements of Y), then copies of the
-# descriptors of y, w and x (J_DSD, 3 x 8); 40 columns, five cache lines.
+# descriptors of y, w and x (J_DSD: 3 x 8 int32 words in 12 columns); 24 columns, three cache
+# lines.
 J_STATE, J_SEQ, J_P, J_SEM, J_BASE, J_MROWS, J_KCOLS, J_NCOLS, J_TOTAL = range(9)
 J_DSD = 9
-N_JOB_COLS = 40
+N_JOB_COLS = 24
 J_FREE, J_READY, J_CLAIMED, J_DONE = range(4)
 # The ring's control words, one cache line each (the loop writes the head, the helper polls it):
 # jobs published, stop, jobs the loop ran itself, jobs the helper ran; the helper's progress
@@ -383,8 +523,9 @@ class State:
                                                                          np.float32)
         # only the descriptor registers the code names: a 64 x 64 GEMV uses 6 of the 16, and
         # the run resets, prefetches and misses on 6 lines a PE instead of 16
-        self.dsd = fixed.buffer("dsd", (n, fixed.dregs, 8), np.int64)
-        self.dsd[:] = _EMPTY_DSD[:fixed.dregs]
+        # (int32 words, all zeros for the empty descriptor: a new table is left to the
+        # kernel's zero pages, mapped as the run writes them)
+        self.dsd = fixed.zeroed("dsd", (n, fixed.dregs, N_DSD_WORDS), np.int32)
         self.sram_f32 = loaded.sram.view(np.float32)
         self.sram_u16 = loaded.sram.view(np.uint16)
         self.sram_i32 = loaded.sram.view(np.int32)
@@ -492,14 +633,18 @@ class State:
 
 def new_ring(slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(jobs, jdsd, ctl): a ring of `slots` free jobs for the helper thread (core_jobs), the
-    descriptor copies of its jobs as (slots, 3, 8) (a view into jobs), and its control words."""
+    descriptor copies of its jobs as (slots, 3, 8) int32 (a view into jobs), and its control
+    words."""
     jobs = np.zeros((max(1, slots), N_JOB_COLS), dtype=np.int64)
     return jobs, job_descriptors(jobs), np.zeros(N_CT, dtype=np.int64)
 
 
 def job_descriptors(jobs: np.ndarray) -> np.ndarray:
-    """The descriptor copies of a ring's jobs, as (slots, 3, 8): a view into `jobs`."""
-    jdsd = jobs[:, J_DSD:J_DSD + 24].reshape(jobs.shape[0], 3, 8)
+    """The descriptor copies of a ring's jobs, as (slots, 3, N_DSD_WORDS) int32, the state's
+    descriptor table's type: a view into `jobs`."""
+    words = 3 * N_DSD_WORDS
+    jdsd = jobs[:, J_DSD:J_DSD + words // 2].view(np.int32).reshape(jobs.shape[0], 3,
+                                                                     N_DSD_WORDS)
     assert np.shares_memory(jobs, jdsd)
     return jdsd
 
@@ -568,11 +713,6 @@ def _zero_rows(table, rows):
 def _count_up(a):
     for i in range(a.shape[0]):
         a[i] = i
-
-
-_EMPTY_DSD = np.zeros((N_DREGS, 8), dtype=np.int64)  # every descriptor: mem, len 0, stride 1
-_EMPTY_DSD[:, D_STRIDE] = 1
-_EMPTY_DSD[:, D_COUNT] = 1
 
 
 def _bigger(table: np.ndarray, rows: int) -> np.ndarray:

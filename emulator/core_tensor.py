@@ -15,11 +15,10 @@ from wse_emu.emulator.core_fabric import need, queue_arrival, queue_consume, que
 from wse_emu.emulator.core_jobs import borrowed, read_mem
 from wse_emu.emulator.core_sram import store_elements, store_product
 from wse_emu.emulator.core_state import (
-    CL_KIND, C_A, C_B, C_C, C_CLASS, C_SEM, C_SUB, D_COLOR, D_COUNT, D_DTYPE, D_KIND, D_LEN,
-    D_STRIDE, MP_BY_COLUMN, MP_COLORS, MP_ISSUE, MP_QDEPTH, MP_TIMING, MP_TRACE_CAP,
-    NEED_SCRATCH, P_DONE, P_FTAINT, P_SRAM0, P_SRAM_LEN, P_STATUS, P_WAIT, Q_QUEUED, S_BINARY,
-    S_BINSCALAR, S_FILL, S_FMA, S_MV, S_MVA, S_RDOT, S_RMAX, S_RSUM, S_UNARY, T_START, X_GROW,
-    X_OK, X_STOP)
+    CL_KIND, C_A, C_B, C_C, C_CLASS, C_SEM, C_SUB, MP_BY_COLUMN, MP_COLORS, MP_ISSUE, MP_QDEPTH,
+    MP_TIMING, MP_TRACE_CAP, NEED_SCRATCH, P_DONE, P_FTAINT, P_SRAM0, P_SRAM_LEN, P_STATUS,
+    P_WAIT, Q_QUEUED, S_BINARY, S_BINSCALAR, S_FILL, S_FMA, S_MV, S_MVA, S_RDOT, S_RMAX, S_RSUM,
+    S_UNARY, T_START, X_GROW, X_OK, X_STOP, d_color, d_count, d_dtype, d_kind, d_len, d_stride)
 from wse_emu.emulator.result import F_COUNT, F_MATRIX_FABRIC, F_NO_ROUTE, F_SHAPE, ST_RUN, ST_WAIT_RECV
 from wse_emu.isa.spec import DSD_FABIN, DSD_FABOUT, DSD_MEM
 from wse_emu.kernels import elementwise as ew
@@ -52,40 +51,40 @@ def tensor_op(p, at, const, sched, mem, fab, nwake):
     base, timing = pe[p, P_SRAM0], mp[MP_TIMING] != 0
     dst, s0, s1 = roles(sem, a, b, c)
     done = pe[p, P_DONE]
-    out_fab = dst >= 0 and dsd[p, dst, D_KIND] == DSD_FABOUT
+    out_fab = dst >= 0 and d_kind(dsd, p, dst) == DSD_FABOUT
     if done == 0:
         f = check_operands(sem, dst, s0, s1, dsd, p, pe[p, P_SRAM_LEN])
         if f:
             return _fault(pe, p, f), nwake
-        if out_fab and tree_of[p * colors + dsd[p, dst, D_COLOR], T_START] < 0:
+        if out_fab and tree_of[p * colors + d_color(dsd, p, dst), T_START] < 0:
             return _fault(pe, p, F_NO_ROUTE), nwake
     n = elements(dsd, p, dst if dst >= 0 else s0)
     k = n - done
-    in0 = s0 >= 0 and dsd[p, s0, D_KIND] == DSD_FABIN
-    in1 = s1 >= 0 and dsd[p, s1, D_KIND] == DSD_FABIN
-    slot0 = p * colors + dsd[p, s0, D_COLOR] if in0 else -1
-    slot1 = p * colors + dsd[p, s1, D_COLOR] if in1 else -1
+    in0 = s0 >= 0 and d_kind(dsd, p, s0) == DSD_FABIN
+    in1 = s1 >= 0 and d_kind(dsd, p, s1) == DSD_FABIN
+    slot0 = p * colors + d_color(dsd, p, s0) if in0 else -1
+    slot1 = p * colors + d_color(dsd, p, s1) if in1 else -1
     if in0:
         if queue[slot0, Q_QUEUED] == 0 and k > 0:
-            return _block(pe, p, dsd[p, s0, D_COLOR]), nwake
+            return _block(pe, p, d_color(dsd, p, s0)), nwake
         k = min(k, queue[slot0, Q_QUEUED])
     if in1:
         if queue[slot1, Q_QUEUED] == 0 and k > 0:
-            return _block(pe, p, dsd[p, s1, D_COLOR]), nwake
+            return _block(pe, p, d_color(dsd, p, s1)), nwake
         k = min(k, queue[slot1, Q_QUEUED])
 
     # the SIMD width from the dtypes of the descriptor operands, destination first
     first, second = (dst, s0) if dst >= 0 else (s0, s1)
     third = s1 if dst >= 0 else -1
     nd = 1 + (second >= 0) + (third >= 0)
-    width = classes[cls, simd_variant(classes[cls, CL_KIND], dsd[p, first, D_DTYPE],
-                                      dsd[p, max(second, 0), D_DTYPE],
-                                      dsd[p, max(third, 0), D_DTYPE], nd)]
+    width = classes[cls, simd_variant(classes[cls, CL_KIND], d_dtype(dsd, p, first),
+                                      d_dtype(dsd, p, max(second, 0)),
+                                      d_dtype(dsd, p, max(third, 0)), nd)]
 
     # room for this chunk, before anything changes
     if k > scratch.shape[1] and not timing:
         return need(counters, NEED_SCRATCH, k), nwake
-    if out_fab and k > 0 and not send_fits(p * colors + dsd[p, dst, D_COLOR],
+    if out_fab and k > 0 and not send_fits(p * colors + d_color(dsd, p, dst),
                                            0 if timing else k, tree_of, dl, msg, payload,
                                            counters):
         return X_GROW, nwake
@@ -110,13 +109,13 @@ def tensor_op(p, at, const, sched, mem, fab, nwake):
             freg[p, a] = np.float32(0)
             pe[p, P_FTAINT] |= np.int64(1) << a
     elif in0:
-        queue_read(queue, dl, msg, payload, slot0, k, dsd[p, s0, D_DTYPE], v0)
+        queue_read(queue, dl, msg, payload, slot0, k, d_dtype(dsd, p, s0), v0)
     elif s0 >= 0:
         read_mem(dsd, p, s0, done, k, v0, sram_f32, sram_u16, base)
     if timing:
         pass
     elif in1:
-        queue_read(queue, dl, msg, payload, slot1, k, dsd[p, s1, D_DTYPE], v1)
+        queue_read(queue, dl, msg, payload, slot1, k, d_dtype(dsd, p, s1), v1)
     elif s1 >= 0:
         read_mem(dsd, p, s1, done, k, v1, sram_f32, sram_u16, base)
     if timing:
@@ -149,7 +148,7 @@ def tensor_op(p, at, const, sched, mem, fab, nwake):
                               nwake)
     if out_fab:
         if k > 0:
-            nwake = send(p, dsd[p, dst, D_COLOR], dsd[p, dst, D_DTYPE], out, k, start, end, mp,
+            nwake = send(p, d_color(dsd, p, dst), d_dtype(dsd, p, dst), out, k, start, end, mp,
                          sched, fab, nwake)
     elif dst >= 0:  # (after the operands are read: by then the loop's prefetch has landed)
         store_elements(p, dst, done, k, out, const, sched, mem)
@@ -171,28 +170,28 @@ def matrix_op(p, at, const, sched, mem, far):
     sem, cls = code[at, C_SEM], code[at, C_CLASS]
     y, w, x = code[at, C_A], code[at, C_B], code[at, C_C]
     for r in (y, w, x):
-        if dsd[p, r, D_KIND] != DSD_MEM:
+        if d_kind(dsd, p, r) != DSD_MEM:
             return _fault(pe, p, F_MATRIX_FABRIC)
     for r in (y, w, x):
         if elements(dsd, p, r) < 0:
             return _fault(pe, p, F_COUNT)
-    m_rows, k_cols = dsd[p, w, D_LEN], dsd[p, w, D_COUNT]
+    m_rows, k_cols = d_len(dsd, p, w), d_count(dsd, p, w)
     if sem == S_MV or sem == S_MVA:
         n_cols = 1
-        if dsd[p, w, D_STRIDE] != 1 or elements(dsd, p, x) != k_cols or \
+        if d_stride(dsd, p, w) != 1 or elements(dsd, p, x) != k_cols or \
                 elements(dsd, p, y) != m_rows:
             return _fault(pe, p, F_SHAPE)
     else:
-        n_cols = dsd[p, x, D_COUNT]
-        if dsd[p, w, D_STRIDE] != 1 or dsd[p, x, D_STRIDE] != 1 or dsd[p, x, D_LEN] != k_cols \
-                or dsd[p, y, D_LEN] != m_rows or dsd[p, y, D_COUNT] != n_cols:
+        n_cols = d_count(dsd, p, x)
+        if d_stride(dsd, p, w) != 1 or d_stride(dsd, p, x) != 1 or d_len(dsd, p, x) != k_cols \
+                or d_len(dsd, p, y) != m_rows or d_count(dsd, p, y) != n_cols:
             return _fault(pe, p, F_SHAPE)
     for r in (y, w, x):
         f = check_mem(dsd, p, r, pe[p, P_SRAM_LEN])
         if f:
             return _fault(pe, p, f)
-    width = classes[cls, simd_variant(classes[cls, CL_KIND], dsd[p, y, D_DTYPE],
-                                      dsd[p, w, D_DTYPE], dsd[p, x, D_DTYPE], 3)]
+    width = classes[cls, simd_variant(classes[cls, CL_KIND], d_dtype(dsd, p, y),
+                                      d_dtype(dsd, p, w), d_dtype(dsd, p, x), 3)]
     total = m_rows * n_cols
     # one op a column of the tile on a PE (isa.costs): what follows the first op's overhead
     dur = matrix_cycles(m_rows, k_cols, n_cols, width, mp[MP_ISSUE], mp[MP_BY_COLUMN] != 0) \

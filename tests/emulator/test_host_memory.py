@@ -16,10 +16,14 @@ import numpy as np
 import pytest
 
 from wse_emu.emulator import core
-from wse_emu.emulator.core_state import static
+from wse_emu.emulator.api import execute
+from wse_emu.emulator.core_state import descriptor, static
 from wse_emu.emulator.load import SPARSE_MIN, host_zeros, load, write_inputs
+from wse_emu.emulator.result import F_COUNT, F_OOB, RUN_FAULT, RUN_HALTED
+from wse_emu.isa.builder import ProgramBuilder
 from wse_emu.isa.compiler.pipeline import compile_model
 from wse_emu.isa.machine import load_machine
+from programs.conftest import same_run
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -28,13 +32,14 @@ LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_s
          "tie_word_embeddings": False, "hidden_act": "silu", "torch_dtype": "bfloat16"}
 
 # Bytes a PE (nbytes of every array, SRAM, HBM and the timing-only unknown-word map aside, as
-# those scale with what the program declares, not with its PEs). This program measured 555
-# (loader) + 88 (a run's shared tables) + 2,321 (a run's buffers) = 2,964 when the budgets were
-# set, and 667 + 779 + 2,609 = 4,055 before (int64 route entries and copies of the loader's
-# tables in every Loaded's run tables, int64 input queues, the registers' initial values kept
-# by the loader): any one of those coming back crosses a budget.
+# those scale with what the program declares, not with its PEs). This program measures 544
+# (loader) + 58 (a run's shared tables) + 1,799 (a run's buffers) = 2,401, of which the
+# descriptor table is 512 (int32 words); it measured 2,913 with int64 descriptors, and
+# 667 + 779 + 2,609 = 4,055 before that (int64 route entries and copies of the loader's tables
+# in every Loaded's run tables, int64 input queues, the registers' initial values kept by the
+# loader): any one of those coming back crosses a budget.
 LOADER_BUDGET = 650
-TOTAL_BUDGET = 3_150
+TOTAL_BUDGET = 2_550
 DATA = {"sram", "unknown", "hbm"}
 
 
@@ -129,3 +134,64 @@ def test_the_loader_and_the_core_name_the_same_columns():
         (lr.ENTRY_LINK, lr.ENTRY_PARENT, lr.ENTRY_DEST)
     assert ld.TREE_PIPE0 == cs.E_PIPE0 == lr.PIPE0
     assert [ld.entry_pipe(d) for d in (5, 0, -1, -2, -3, -9)] == [-1, -1, -1, 0, 1, 7]
+
+
+
+def _set(rb, reg, value):
+    """reg = value, any int64 whose high half fits 32 bits signed, from 32-bit immediates."""
+    rb.li(reg, value >> 32)
+    rb.shli(reg, reg, 32)
+    rb.li("r2", (value >> 16) & 0xFFFF)
+    rb.shli("r2", "r2", 16)
+    rb.addi("r2", "r2", value & 0xFFFF)
+    rb.add(reg, reg, "r2")
+
+
+BIG = 1 << 32
+# body(rb, buf), the fault expected (None: the run halts), and (register, field, value) of a
+# descriptor as it must read back afterwards (descriptor(): kind, addr, len, stride, count,
+# cstride, dtype, color)
+DESCRIPTORS = {
+    # an address or length that only a wrap to 32 bits would make valid
+    "addr 2**32 + 64": (lambda rb, buf: (_set(rb, "r1", BIG), rb.daddr(0, "r1", 64),
+                                         rb.vmov(1, 0)), F_OOB, (0, 1, BIG + 64)),
+    "len 2**32 + 8": (lambda rb, buf: (_set(rb, "r1", BIG + 8), rb.dlen(1, "r1"),
+                                       rb.vadd(1, 0, 1)), F_COUNT, (1, 2, BIG + 8)),
+    "len -2**40": (lambda rb, buf: (_set(rb, "r1", -(1 << 40)), rb.dlen(1, "r1"),
+                                    rb.vmov(1, 0)), F_COUNT, (1, 2, -(1 << 40))),
+    "stride -2**31": (lambda rb, buf: (rb.dstride(0, -(1 << 31)), rb.vmov(1, 0)), F_OOB,
+                      (0, 3, -(1 << 31))),
+    "stride 2**31 - 1": (lambda rb, buf: (rb.dstride(0, (1 << 31) - 1), rb.vmov(1, 0)), F_OOB,
+                         (0, 3, (1 << 31) - 1)),
+    "count 65535, cstride -32768": (lambda rb, buf: (rb.d2d(0, 65535, -32768), rb.vmov(1, 0)),
+                                    F_COUNT, (0, 4, 65535)),
+    # count 0: no element whatever the length, and a run that halts
+    "len 2**40, count 0": (lambda rb, buf: (_set(rb, "r1", 1 << 40), rb.dlen(0, "r1"),
+                                            rb.d2d(0, 0, 3), rb.d2d(1, 0, -3), rb.vmov(1, 0)),
+                           None, (0, 2, 1 << 40)),
+}
+
+
+@pytest.mark.parametrize("case", DESCRIPTORS)
+def test_int32_descriptors_keep_every_field_whole(case):
+    """The descriptor table is int32 words (core_state, D_TYPE ...): an int64 address or length
+    from a register and the extreme immediates of stride, count and cstride must fault (or
+    not) exactly as the reference's Python ints do, and read back whole."""
+    body, fault, (reg, field, value) = DESCRIPTORS[case]
+    pb = ProgramBuilder("d")
+    rb = pb.region("a", 0, 0, 1, 1)
+    buf = rb.alloc("buf", 64)
+    rb.dmem(0, "f32", buf, 8)
+    rb.dmem(1, "f32", buf + 32, 8)
+    body(rb, buf)
+    rb.halt()
+    program = pb.build()
+    a = execute(program, "tiny", engine="core")
+    b = execute(program, "tiny", engine="reference")
+    same_run(a, b)
+    assert (a.result.fault_pe, a.result.fault_reason) == (b.result.fault_pe,
+                                                          b.result.fault_reason)
+    assert a.result.outcome == (RUN_HALTED if fault is None else RUN_FAULT)
+    if fault is not None:
+        assert a.result.fault_reason == fault
+    assert descriptor(static(a.loaded).buffers["dsd"], 0, reg)[field] == value
