@@ -20,10 +20,10 @@ from wse_emu.emulator.api import execute
 from wse_emu.emulator.core_state import descriptor, static
 from wse_emu.emulator.load import SPARSE_MIN, host_zeros, load, write_inputs
 from wse_emu.emulator.result import F_COUNT, F_OOB, RUN_FAULT, RUN_HALTED
-from wse_emu.isa.builder import ProgramBuilder
 from wse_emu.isa.compiler.pipeline import compile_model
 from wse_emu.isa.machine import load_machine
 from programs.conftest import same_run
+from tests.emulator.test_core_outcomes import one_pe
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -178,14 +178,7 @@ def test_int32_descriptors_keep_every_field_whole(case):
     from a register and the extreme immediates of stride, count and cstride must fault (or
     not) exactly as the reference's Python ints do, and read back whole."""
     body, fault, (reg, field, value) = DESCRIPTORS[case]
-    pb = ProgramBuilder("d")
-    rb = pb.region("a", 0, 0, 1, 1)
-    buf = rb.alloc("buf", 64)
-    rb.dmem(0, "f32", buf, 8)
-    rb.dmem(1, "f32", buf + 32, 8)
-    body(rb, buf)
-    rb.halt()
-    program = pb.build()
+    program = one_pe(body)
     a = execute(program, "tiny", engine="core")
     b = execute(program, "tiny", engine="reference")
     same_run(a, b)
