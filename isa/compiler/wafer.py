@@ -425,15 +425,7 @@ def choose(dec: Decoder, machine, dtype: str, exact: bool, grid=None,
         geo = geometry(dec, shape)
         if not _layer_fits(dec, geo, machine, dtype, seqs):
             continue
-        # the embedding's and head's columns as a functional program takes them (dividing
-        # the tables' rows) where they fit, also shape-only on a rectangle, so that its
-        # timing is the real model's; shape-only squares keep the fewest columns (as before
-        # rectangles existed), and so does any grid whose divisors do not fit
-        layout = exact or not geo.square
-        mp = _arrange(dec, geo, machine, dtype, layout, seqs=seqs)
-        if mp is None and layout and not exact:
-            layout = False
-            mp = _arrange(dec, geo, machine, dtype, layout, seqs=seqs)
+        mp, layout = _placed(dec, geo, machine, dtype, exact, seqs)
         if mp is None:
             continue
         forms = line_forms(dec, geo, machine, dtype)
@@ -449,6 +441,21 @@ def choose(dec: Decoder, machine, dtype: str, exact: bool, grid=None,
     if best is None:
         raise CompileError(_refusal(dec, machine, dtype, exact, biases, shapes, name, seqs))
     return best[1]
+
+
+def _placed(dec: Decoder, geo: Geometry, machine, dtype: str, exact: bool,
+            seqs: int = 1) -> tuple[Mapping | None, bool]:
+    """(_arrange's placement or None, layout): the embedding's and head's columns as a
+    functional program takes them (dividing the tables' rows, layout True) where they fit,
+    also shape-only on a rectangle, so that its timing is the real model's; shape-only
+    squares keep the fewest columns (as before rectangles existed), and so does any grid
+    whose divisors do not fit."""
+    layout = exact or not geo.square
+    mp = _arrange(dec, geo, machine, dtype, layout, seqs=seqs)
+    if mp is None and layout and not exact:
+        layout = False
+        mp = _arrange(dec, geo, machine, dtype, layout, seqs=seqs)
+    return mp, layout
 
 
 def line_forms(dec: Decoder, geo: Geometry, machine, dtype: str) -> tuple:
@@ -564,10 +571,7 @@ def sram_needed(dec, machine, dtype, exact, sides, seqs: int = 1) -> tuple | Non
         if best is not None and data[g] >= best[0]:
             break
         geo = geometry(dec, g)
-        layout = exact or not geo.square  # as choose lays out the embedding and the head
-        if _arrange(dec, geo, roomy, dtype, layout, seqs=seqs) is None and (
-                exact or not layout or _arrange(dec, geo, roomy, dtype, False,
-                                                seqs=seqs) is None):
+        if _placed(dec, geo, roomy, dtype, exact, seqs)[0] is None:
             continue
         need = data[g] + layer_code_bytes(dec, geo, roomy, dtype, seqs)
         if best is None or need < best[0]:
