@@ -12,23 +12,30 @@ docs/compiler.md, "Layouts"):
 - the residual x (length d) in blocks of K = ceil(d / R) along the rows: row i holds
   x[i K:(i+1) K], every PE of the row the same block (replicated along the row): layout R;
 - q, k, v after their fused allreduce along the columns: column j holds, for KV head
-  g = j // s (s = C / kv_heads columns a KV head), the head-dim slice D_j = two runs of h2 =
-  ceil(head_dim / (2 s)) dims, {c h2 .. (c+1) h2 - 1} and the same + head_dim / 2 (c = j mod
-  s), of k, of v and of the `group` query heads that read KV head g: layout C. RoPE rotates
-  dim t with dim t + head_dim / 2, so each column rotates its own slice;
+  g = j // s (s = C / kv_heads columns a KV head, its segment), the head-dim slice D_j = two
+  runs of h2 dims, pairs {b .. b + h2 - 1} and the same + head_dim / 2, of k, of v and of the
+  `group` query heads that read KV head g: layout C. RoPE rotates dim t with dim t +
+  head_dim / 2, so each column rotates its own slice. Where s does not divide the head's
+  head_dim / 2 RoPE pairs, either every column holds ceil(pairs / s) of them (the head dims
+  padded with zeros) or, balanced, the first `heavy` columns of a segment hold one pair more
+  than the others (h2 = lo + 1 against lo): two column classes, no head dim padded;
 - the KV cache of the layer on the same grid: column j the dims D_j of KV head g, row i the
   positions p with p mod R == i (slot p // R), so appending a token keeps every row's share
   of positions within one of the others';
-- the MLP's hidden vector in blocks of F = ceil(f / C) along the columns (layout C).
+- the MLP's hidden vector in blocks of F along the columns (layout C); with two column classes
+  a light column takes more hidden units than a heavy one (Geometry.Fs), so that both hold
+  about as many bytes: the heavy columns' blocks first, then the light ones'.
 
-Where a side does not divide its dimension, the dimension is padded with zeros (Geometry.dp,
-fp, hdp): padded weights are zero, so padded activations stay zero.
+A grid with two column classes is emitted as one region a class and segment (a strip of the
+grid), each with its class's sizes (`Geometry.variants`: part 0 heavy, part 1 light); the code
+is otherwise the grid's. Where a side does not divide its dimension, the dimension is padded
+with zeros (Geometry.dp, fp, hdp): padded weights are zero, so padded activations stay zero.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from wse_emu.isa.compiler.lower import Matrix, Plan
 
@@ -130,9 +137,16 @@ def extract(plan: Plan) -> Decoder:
 class Geometry:
     """One layer on an R x C grid (R rows, C columns; module docstring); every size in
     elements. A side that does not divide its dimension pads it with zeros: the residual to
-    R K elements, the MLP's hidden vector to C F, each head's two halves to s h2 dims (whole
-    RoPE pairs a column), the context to R S positions. Padded weights and activations are
-    zero, so that no padded element changes a result; norms divide by the true d."""
+    R K elements, the MLP's hidden vector to fp, each head's two halves to s h2 dims (whole
+    RoPE pairs a column), the context to R S positions; padded weights and activations are
+    zero, so that no padded element changes a result, and norms divide by the true d.
+    `balanced` pads no head dim where s does not divide a head's RoPE pairs: the grid has two
+    column classes, and `part` picks a class's sizes (0 heavy, 1 light; -1 the whole grid,
+    whose sizes are the larger of the two, what a buffer sized for every column needs).
+    `hp` splits the attention's scores into passes of that many query heads and `forms` fixes
+    the line allreduces' forms. The compiler takes the fastest of these layouts (wafer.layouts)
+    that fits a PE's SRAM: two column classes hold fewer weight bytes a PE, more passes need
+    less scratch, the chain form less code."""
 
     R: int  # grid rows (the residual's blocks, the cache's position classes)
     C: int  # grid columns (kv_heads x s: the heads' dims, the MLP's blocks)
@@ -143,6 +157,10 @@ class Geometry:
     f: int  # intermediate
     ctx: int  # max_context
     swiglu: bool
+    part: int = -1  # -1 the whole grid, 0 its heavy columns, 1 its light ones
+    balanced: bool = False  # two column classes where s does not divide the RoPE pairs
+    hp: int = 0  # query heads a pass of the attention's scores (0: a KV head's all at once)
+    forms: tuple = ()  # the (column, row) line allreduces' forms (): the fastest (wafer)
 
     @property
     def square(self) -> bool:
@@ -159,12 +177,42 @@ class Geometry:
         return -(-self.d // self.R)
 
     @property
-    def s(self) -> int:  # columns a KV head
+    def s(self) -> int:  # columns a KV head (a segment)
         return self.C // self.kv
 
     @property
-    def h2(self) -> int:  # one half-run of a column's head dims
-        return -(-self.hd // (2 * self.s))
+    def lo(self) -> int:  # RoPE pairs of a light column
+        return (self.hd // 2) // self.s
+
+    @property
+    def heavy(self) -> int:  # two column classes: the columns a segment with one pair more
+        return (self.hd // 2) % self.s if self.balanced else 0
+
+    @property
+    def split(self) -> bool:  # two column classes
+        return self.heavy > 0
+
+    @property
+    def variants(self) -> list:
+        """The grid's column classes, each a Geometry with its sizes: [heavy, light], or
+        [self] where every column is alike."""
+        return [replace(self, part=0), replace(self, part=1)] if self.split else [self]
+
+    @property
+    def n(self) -> int:  # columns of this class a segment
+        return {0: self.heavy, 1: self.s - self.heavy}.get(self.part, self.s)
+
+    @property
+    def first(self) -> int:  # this class's first column in its segment
+        return self.heavy if self.part == 1 else 0
+
+    @property
+    def base(self) -> int:  # this class's first RoPE pair in a head's half
+        return self.heavy * (self.lo + 1) if self.part == 1 else 0
+
+    @property
+    def h2(self) -> int:  # one half-run of a column's head dims (RoPE pairs)
+        return self.lo + ((self.hd // 2) % self.s > 0 and self.part != 1)
 
     @property
     def D(self) -> int:  # head dims a column
@@ -175,6 +223,14 @@ class Geometry:
         return self.heads // self.kv
 
     @property
+    def hpass(self) -> int:  # query heads a pass of the scores (map_attention.attend)
+        return self.hp or self.group
+
+    @property
+    def passes(self) -> int:
+        return self.group // self.hpass
+
+    @property
     def Mq(self) -> int:  # query (and attention output) elements a column
         return self.group * self.D
 
@@ -183,8 +239,30 @@ class Geometry:
         return self.Mq + 2 * self.D
 
     @property
-    def F(self) -> int:  # MLP hidden block a column
-        return -(-self.f // self.C)
+    def Fs(self) -> tuple[int, int]:
+        """(heavy, light) MLP hidden block a column. A heavy column holds 2 K (2 group + 2)
+        weight elements more of q/k/v and o, 4 S more of its K and V caches and 6 group + 4
+        fp32 values more in its q/k/v, o and l buffers (2 (6 group + 4) elements of 16-bit
+        weights); a light column takes that many elements more of the MLP, in whole hidden
+        units (3 K elements a unit with a gate, 2 without), the heavy columns' blocks as
+        small as the total allows."""
+        if not self.split:
+            F = -(-self.f // self.C)
+            return F, F
+        K, g, light = self.K, self.group, self.kv * (self.s - self.heavy)
+        unit = (3 if self.swiglu else 2) * K
+        more = round((2 * K * (2 * g + 2) + 4 * self.S + 2 * (6 * g + 4)) / unit)
+        Fh = max(1, -(-(self.f - light * more) // self.C))
+        return Fh, max(1, -(-(self.f - self.kv * self.heavy * Fh) // light))
+
+    @property
+    def F(self) -> int:  # MLP hidden block a column of this class
+        Fh, Fl = self.Fs
+        return {0: Fh, 1: Fl}.get(self.part, max(Fh, Fl))
+
+    @property
+    def f0(self) -> int:  # this class's first hidden unit (the heavy columns' blocks first)
+        return self.kv * self.heavy * self.Fs[0] if self.part == 1 else 0
 
     @property
     def M1(self) -> int:  # first MLP product's rows a column (gate and up, or up)
@@ -200,12 +278,13 @@ class Geometry:
         return self.R * self.K
 
     @property
-    def fp(self) -> int:  # the MLP's hidden vector, padded
-        return self.C * self.F
+    def hdp(self) -> int:  # a head's dims, padded (two halves of s h2; none with two classes)
+        return self.hd if self.split else 2 * self.s * self.h2
 
     @property
-    def hdp(self) -> int:  # a head's dims, padded (two halves of s h2)
-        return 2 * self.s * self.h2
+    def fp(self) -> int:  # the MLP's hidden vector, padded
+        Fh, Fl = self.Fs
+        return self.kv * (self.heavy * Fh + (self.s - self.heavy) * Fl)
 
     @property
     def padded(self) -> bool:

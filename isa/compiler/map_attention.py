@@ -13,28 +13,40 @@ A step:
   1. RoPE (Llama): column j's cos and sin of this position arrive on the column's RoPE bus
      (from a PE of row 0 that reads the position); q's and k's pairs rotate locally.
   2. Append: this position's mask row arrives on the row's mask bus (from a PE of column 0):
-     [mask (0 or -inf a slot), one-hot of the new slot, 1 - one-hot]. cache = cache * keep +
-     one-hot x new: every PE runs the same ops, the data says which slot changes, so the code
-     never branches on the position (a timing-only run needs no SRAM here).
+     [mask (0 or -inf a slot), one-hot of the new slot, 1 - one-hot], kept in bf16 (their
+     values are exact there). cache = cache * keep + one-hot x new (an `mma` of the one-hot
+     and the new k or [v; 1], rounded to the cache's dtype once): every PE runs the same ops,
+     the data says which slot changes, so the code never branches on the position (a
+     timing-only run needs no SRAM here).
   3. scores (S x group) = K cache (S x D) q (D x group), + mask; allreduce along the KV head's
      segment of the row (the other dims of the head).
   4. max: each head's over the PE's slots, allreduce (max) along the column (all
      positions); p = exp(scores - max).
   5. [o; l] ((D + 1) x group) = V cache p; allreduce along the column; o / l.
+Where the scores of all `group` heads (S x group fp32) would not fit a PE, steps 3-5 run in
+passes of h heads (Geometry.hp), reusing an S x h buffer: each pass's scores, their segment
+allreduce, p = exp(scores - m) with m each head's max over this PE's slots, and its heads'
+[o; l]. After the passes one allreduce (max) of m along the column gives M, each head's
+[o; l] is scaled by exp(m - M) (the softmax over all positions, as in flash attention), and
+the column's sum and o / l follow as in step 5. A PE whose slots are all masked has m = -inf:
+m is kept at least -3.4e38 so that its p and its scale are 0, not NaN.
 The cost of a step is set by S = ceil(max_context / R) slots a PE, not by the position.
-Padded head dims (decoder.Geometry: s columns that do not divide head_dim / 2) hold zeros in
-q, k and v, so they add nothing to a score and give zero outputs; their RoPE angles are zero.
+Where s columns do not divide head_dim / 2 a segment's columns hold lo + 1 or lo RoPE pairs
+(decoder.Geometry's two column classes): a column's ops have its class's sizes, and the
+segment's allreduce of the scores sums over every column's dims all the same.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from wse_emu.isa.compiler import map_gemv
 from wse_emu.isa.compiler.map_elementwise import mem_to_scalar
 from wse_emu.isa.compiler.emit import I32
 from wse_emu.isa.compiler.placement import WEIGHT_BYTES
 
 NEG_INF = float("-inf")
+MASK = "bf16"  # a layer PE's mask, one-hot and keep (0, 1 and -inf are exact in it)
 
 
 def cache_bytes(geo, kvbytes: int) -> int:
@@ -55,20 +67,20 @@ def scratch_layout(geo, rope: bool, mlp_bytes: int) -> tuple[dict, int]:
     through the loop body. In emission order:
 
         rope    cs (this position's cos and sin, by its dfin), rt (products)  -> rope's end
-        append  mask (dfin) .. step 3; outer (the append's products)          -> append's end
+        append  mask (dfin) .. step 3; append (one-hot and keep, dfin)        -> append's end
         scores  sc (step 3 .. the values' mm), mx, oe, fold, ao               -> the o product
         mlp     gu (mlp in .. down)
 
-    mask is live across the append and step 3, so it has its own bytes; rope's cs and rt, the
-    append's outer and the rest of the attention follow it, each group at the same offset
-    (one group is dead before the next is written). gu is written by the MLP's first product,
-    after the o product has read ao, the last of them: it takes the region from offset 0.
-    The region is as large as the largest of these, not their sum."""
+    mask is live across the append and the scores, so it has its own bytes; rope's cs and rt,
+    the append's one-hot and keep and the rest of the attention follow it, each group at the
+    same offset (one group is dead before the next is written). gu is written by the MLP's first product, after the o
+    product has read ao, the last of them: it takes the region from offset 0. The region is
+    as large as the largest of these, not their sum."""
     size = scratch_sizes(geo, rope, mlp_bytes)
     offs = {"mask": 0}
     base = _round8(size["mask"])
     top = base
-    for group in (("sc", "mx", "fold", "oe", "ao"), ("outer",), ("cs", "rt")):
+    for group in (("sc", "mx", "fold", "oe", "ao"), ("append",), ("cs", "rt")):
         at = base
         for name in group:
             if name in size:
@@ -80,10 +92,11 @@ def scratch_layout(geo, rope: bool, mlp_bytes: int) -> tuple[dict, int]:
 
 
 def scratch_sizes(geo, rope: bool, mlp_bytes: int) -> dict:
-    """{buffer: bytes} of the buffers scratch_layout places."""
+    """{buffer: bytes} of the buffers scratch_layout places (sc: one pass's scores; mask,
+    one-hot and keep in bf16)."""
     S, g, D = geo.S, geo.group, geo.D
-    size = dict(mask=3 * S * 4, sc=S * g * 4, mx=g * 4, fold=g * 4, oe=(D + 1) * g * 4,
-                ao=geo.Mq * 4, outer=(D + 1) * S * 4, gu=mlp_bytes)
+    size = dict(mask=S * 2, append=2 * S * 2, sc=S * geo.hpass * 4, mx=g * 4, fold=g * 4, oe=(D + 1) * g * 4,
+                ao=geo.Mq * 4, gu=mlp_bytes)
     if rope:
         size.update(cs=2 * geo.h2 * 4, rt=2 * (g + 1) * geo.h2 * 4)
     return size
@@ -163,89 +176,49 @@ def attend(ctx, layer, qkv) -> None:
     S, D, g, Mq = geo.S, geo.D, geo.group, geo.Mq
     kvd = ctx.dtype
     b = ctx.bufs
-    kc, vc, sc, fold, mx, mask, oe, ao = (b[k] for k in ("kc", "vc", "sc", "fold", "mx",
-                                                          "mask", "oe", "ao"))
-    regs = getattr(ctx, "cache_regs", None)  # several sequences: (K, V) cache offsets
-
-    def cache(d, which, rows):  # descriptor d at this sequence's K ("k") or V ("v") cache
-        base = kc if which == "k" else vc
-        rb.dmem(d, kvd, base, rows)
-        if regs:
-            rb.daddr(d, regs[0] if which == "k" else regs[1], base)
-    onehot, keep = mask + 4 * S, mask + 8 * S
+    mask, oe, ao, fold = (b[k] for k in ("mask", "oe", "ao", "fold"))
+    onehot, keep = b["append"], b["append"] + 2 * S
     # the scale on q (Mq values), before its dots with the cached keys
     rb.dmem("d1", "f32", qkv, Mq)
     rb.fli("f5", float(layer.attn["scale"]))
     rb.vmuls("d1", "d1", "f5")
     # 2. this position's mask row, then the append
-    rb.dmem("d1", "f32", mask, 3 * S)
-    rb.dfin("d2", "f32", ctx.colors["mask"], 3 * S)
+    rb.dmem("d1", MASK, mask, S)
+    rb.dfin("d2", "f32", ctx.colors["mask"], S)
+    rb.vmov("d1", "d2")
+    rb.dmem("d1", MASK, onehot, 2 * S)
+    rb.dfin("d2", "f32", ctx.colors["mask"], 2 * S)
     rb.vmov("d1", "d2")
     k_new, v_new = qkv + 4 * Mq, qkv + 4 * (Mq + D)  # v_new is followed by the constant 1
-    cache("d1", "k", S)
+    _cache(ctx, "d1", "k", S)
     rb.d2d("d1", D, S)  # K cache (S x D)
-    rb.dmem("d2", "f32", keep, S)
+    rb.dmem("d2", MASK, keep, S)
     rb.d2d("d2", D, 0)  # keep, for every dim
     rb.vmul("d1", "d1", "d2")
-    rb.dmem("d3", "f32", onehot, S)
-    rb.d2d("d3", D, 0)
-    rb.dmem("d4", "f32", k_new, S)
-    rb.dstride("d4", 0)
-    rb.d2d("d4", D, 1)  # k[dim], for every slot
-    ctx.charge("kv append", c.op("move", 3 * S) + 3 * S + c.op("mul", S * D, kvd, "f32")
-               + c.scalar(20))
-    _outer_add(ctx, "d1", "d3", "d4", S, D, kvd)
-    cache("d1", "v", D + 1)
+    rb.dmem("d3", MASK, onehot, S)  # (S x 1)
+    rb.dmem("d4", "f32", k_new, 1)
+    rb.d2d("d4", D, 1)  # k (1 x D)
+    rb.mma("d1", "d3", "d4")
+    _cache(ctx, "d1", "v", D + 1)
     rb.d2d("d1", S, D + 1)  # V cache ((D + 1) x S)
-    rb.dmem("d2", "f32", keep, D + 1)
+    rb.dmem("d2", MASK, keep, D + 1)
     rb.dstride("d2", 0)
     rb.d2d("d2", S, 1)  # keep[slot], for every row of the slot
     rb.vmul("d1", "d1", "d2")
-    rb.dmem("d3", "f32", onehot, D + 1)
-    rb.dstride("d3", 0)
-    rb.d2d("d3", S, 1)
-    rb.dmem("d4", "f32", v_new, D + 1)
-    rb.d2d("d4", S, 0)  # [v; 1], for every slot
-    ctx.charge("kv append", c.op("mul", S * (D + 1), kvd, "f32") + c.scalar(10))
-    _outer_add(ctx, "d1", "d3", "d4", D + 1, S, kvd)
-    # 3. scores = K q, masked; the other dims of the head by the segment allreduce
-    cache("d1", "k", S)
-    rb.d2d("d1", D, S)
-    rb.dmem("d2", "f32", qkv, D)
-    rb.d2d("d2", g, D)
-    rb.dmem("d3", "f32", sc, S)
-    rb.d2d("d3", g, S)
-    rb.mm("d3", "d1", "d2")
-    rb.dmem("d4", "f32", mask, S)
-    rb.d2d("d4", g, 0)
-    rb.vadd("d3", "d3", "d4")
-    ctx.charge("scores", c.mat(S, D, g, kvd, "f32") + c.op("add", S * g) + c.scalar(10))
-    ctx.allreduce(ctx.seg, sc, S * g, what="scores allreduce")
-    # 4. the max of each head over this PE's slots, then allreduce (max) along the column
-    for h in range(g):
-        rb.dmem("d1", "f32", sc + 4 * h * S, S)
-        rb.rmax("f1", "d1")
-        rb.dmem("d2", "f32", mx + 4 * h, 1)
-        rb.vfill("d2", "f1")
-    ctx.charge("softmax", g * (c.op("max", S) + c.op("move", 1) + c.scalar(2)))
-    ctx.allreduce(ctx.col, mx, g, op="max", what="max allreduce")
-    rb.dmem("d1", "f32", sc, S)
-    rb.d2d("d1", g, S)
-    rb.dmem("d2", "f32", mx, S)
-    rb.dstride("d2", 0)
-    rb.d2d("d2", g, 1)  # the head's max for every slot
-    rb.vsub("d1", "d1", "d2")
-    rb.vexp("d1", "d1")
-    ctx.charge("softmax", c.op("add", S * g) + c.op("special", S * g) + c.scalar(6))
-    # 5. [o; l] = V p, allreduced along the column; o / l
-    cache("d1", "v", D + 1)
-    rb.d2d("d1", S, D + 1)
-    rb.dmem("d2", "f32", sc, S)
-    rb.d2d("d2", g, S)
-    rb.dmem("d3", "f32", oe, D + 1)
-    rb.d2d("d3", g, D + 1)
-    rb.mm("d3", "d1", "d2")
-    ctx.charge("weighted values", c.mat(D + 1, S, g, kvd, "f32") + c.scalar(6))
+    rb.dmem("d3", "f32", v_new, D + 1)  # [v; 1] ((D + 1) x 1)
+    rb.dmem("d4", MASK, onehot, 1)
+    rb.d2d("d4", S, 1)  # one-hot (1 x S)
+    rb.mma("d1", "d3", "d4")
+    ctx.charge("kv append", c.op("move", S, MASK, "f32") + c.op("move", 2 * S, MASK, "f32")
+               + 3 * S + c.op("mul", S * D, kvd, MASK) + c.mat(S, 1, D, kvd, MASK, "f32")
+               + c.op("mul", S * (D + 1), kvd, MASK) + c.mat(D + 1, 1, S, kvd, "f32", MASK)
+               + c.scalar(27))
+    if geo.passes == 1:
+        _scores(ctx, qkv, 0)
+        _softmax(ctx, None)
+        _values(ctx, 0)
+    else:
+        _passes(ctx, qkv)
     ctx.allreduce(ctx.col, oe, (D + 1) * g, what="values allreduce")
     # o / l: 1 / l as (1 / sqrt(l))^2 for every head at once
     lsum = fold  # scratch: g values
@@ -266,18 +239,132 @@ def attend(ctx, layer, qkv) -> None:
                + c.scalar(10))
 
 
-def _outer_add(ctx, dc, da, db, rows: int, cols: int, kvd: str) -> None:
-    """cache (descriptor dc, rows x cols) += a * b elementwise (descriptors da and db repeat
-    their vectors with stride 0): the product into an fp32 scratch, then one add, so the new
-    value is rounded to the cache's dtype once."""
-    rb, c = ctx.rb, ctx.cost
-    scratch = ctx.bufs["outer"]
-    rb.dmem("d6", "f32", scratch, rows)
-    rb.d2d("d6", cols, rows)
-    rb.vmul("d6", da, db)
-    rb.vadd(dc, dc, "d6")
-    ctx.charge("kv append", c.op("mul", rows * cols) + c.op("add", rows * cols, kvd, "f32")
-               + c.scalar(2))
+def _cache(ctx, d: str, which: str, rows: int) -> None:
+    """Descriptor d at this sequence's K ("k") or V ("v") cache, rows long."""
+    base = ctx.bufs["kc"] if which == "k" else ctx.bufs["vc"]
+    regs = getattr(ctx, "cache_regs", None)  # several sequences: (K, V) cache offsets
+    ctx.rb.dmem(d, ctx.dtype, base, rows)
+    if regs:
+        ctx.rb.daddr(d, regs[0] if which == "k" else regs[1], base)
+
+
+def _offset(ctx, d: str, addr: int, reg: str | None) -> None:
+    """Descriptor d's address: addr, plus register reg's bytes (a pass's offset) if any."""
+    if reg:
+        ctx.rb.daddr(d, reg, addr)
+
+
+def _scores(ctx, qkv, reg: str | None) -> None:
+    """Step 3 for a pass's h heads (all of them in one pass): sc (S x h) = K q, + mask,
+    summed along the segment. reg: the pass's offset into q (None: q's first head)."""
+    rb, geo, c = ctx.rb, ctx.geo, ctx.cost
+    S, D, h = geo.S, geo.D, geo.hpass
+    sc, mask = ctx.bufs["sc"], ctx.bufs["mask"]
+    _cache(ctx, "d1", "k", S)
+    rb.d2d("d1", D, S)
+    rb.dmem("d2", "f32", qkv, D)
+    _offset(ctx, "d2", qkv, reg)
+    rb.d2d("d2", h, D)
+    rb.dmem("d3", "f32", sc, S)
+    rb.d2d("d3", h, S)
+    rb.mm("d3", "d1", "d2")
+    rb.dmem("d4", MASK, mask, S)
+    rb.d2d("d4", h, 0)
+    rb.vadd("d3", "d3", "d4")
+    ctx.charge("scores", geo.passes * (c.mat(S, D, h, ctx.dtype, "f32") + c.op("add", S * h)
+                                       + c.scalar(10 + 2 * bool(reg))))
+    ctx.allreduce(ctx.seg, sc, S * h, what="scores allreduce", times=geo.passes)
+
+
+def _softmax(ctx, reg: str | None) -> None:
+    """Step 4 for a pass's h heads: each head's max over this PE's slots into mx (reg: the
+    pass's offset into mx), and, in one pass, along the column; p = exp(scores - max) in
+    sc. With several passes the maxima stay this PE's (at least FLOOR)."""
+    rb, geo, c = ctx.rb, ctx.geo, ctx.cost
+    S, h = geo.S, geo.hpass
+    sc, mx = ctx.bufs["sc"], ctx.bufs["mx"]
+    for hh in range(h):
+        rb.dmem("d1", "f32", sc + 4 * hh * S, S)
+        rb.rmax("f1", "d1")
+        if reg:
+            rb.fmax("f1", "f1", "f3")
+        rb.dmem("d2", "f32", mx + 4 * hh, 1)
+        _offset(ctx, "d2", mx + 4 * hh, reg)
+        rb.vfill("d2", "f1")
+    ctx.charge("softmax", geo.passes * h * (c.op("max", S) + c.op("move", 1)
+                                            + c.scalar(2 + 2 * bool(reg))))
+    if not reg:
+        ctx.allreduce(ctx.col, mx, h, op="max", what="max allreduce")
+    rb.dmem("d1", "f32", sc, S)
+    rb.d2d("d1", h, S)
+    rb.dmem("d2", "f32", mx, S)
+    _offset(ctx, "d2", mx, reg)
+    rb.dstride("d2", 0)
+    rb.d2d("d2", h, 1)  # the head's max for every slot
+    rb.vsub("d1", "d1", "d2")
+    rb.vexp("d1", "d1")
+    ctx.charge("softmax", geo.passes * (c.op("add", S * h) + c.op("special", S * h)
+                                        + c.scalar(6 + bool(reg))))
+
+
+def _values(ctx, reg: str | None) -> None:
+    """Step 5's product for a pass's h heads: [o; l] ((D + 1) x h) = V p into oe (reg: the
+    pass's offset into oe)."""
+    rb, geo, c = ctx.rb, ctx.geo, ctx.cost
+    S, D, h = geo.S, geo.D, geo.hpass
+    sc, oe = ctx.bufs["sc"], ctx.bufs["oe"]
+    _cache(ctx, "d1", "v", D + 1)
+    rb.d2d("d1", S, D + 1)
+    rb.dmem("d2", "f32", sc, S)
+    rb.d2d("d2", h, S)
+    rb.dmem("d3", "f32", oe, D + 1)
+    _offset(ctx, "d3", oe, reg)
+    rb.d2d("d3", h, D + 1)
+    rb.mm("d3", "d1", "d2")
+    ctx.charge("weighted values", geo.passes * (c.mat(D + 1, S, h, ctx.dtype, "f32")
+                                                + c.scalar(6 + bool(reg))))
+
+
+FLOOR = -3.4e38  # a pass's maxima at least this: a PE with every slot masked gets 0, not NaN
+
+
+def _passes(ctx, qkv) -> None:
+    """Steps 3-5 in passes of h heads (module docstring): a loop on PASS (heads done), then
+    the maxima along the column and each head's [o; l] scaled by exp(m - M)."""
+    rb, geo, c = ctx.rb, ctx.geo, ctx.cost
+    D, g, h = geo.D, geo.group, geo.hpass
+    mx, fold, oe = ctx.bufs["mx"], ctx.bufs["fold"], ctx.bufs["oe"]
+    reg, off = ctx.pass_reg, "r1"  # off: a temporary no allreduce call keeps
+    top = ctx.labels("pass")
+    rb.fli("f3", FLOOR)
+    rb.li(reg, 0)
+    rb.label(top)
+    rb.muli(off, reg, 4 * D)
+    _scores(ctx, qkv, off)
+    rb.muli(off, reg, 4)
+    _softmax(ctx, off)
+    rb.muli(off, reg, 4 * (D + 1))
+    _values(ctx, off)
+    rb.addi(reg, reg, h)
+    rb.li(off, g)
+    rb.blt(reg, off, top)
+    ctx.charge("softmax", c.scalar(2 + 6 * geo.passes))
+    # M along the column into fold; scale = exp(m - M) into mx; [o; l] of each head scaled
+    rb.dmem("d1", "f32", fold, g)
+    rb.dmem("d2", "f32", mx, g)
+    rb.vmov("d1", "d2")
+    ctx.charge("softmax", c.op("move", g) + c.scalar(2))
+    ctx.allreduce(ctx.col, fold, g, op="max", what="max allreduce")
+    rb.vsub("d2", "d2", "d1")
+    rb.vexp("d2", "d2")
+    rb.dmem("d3", "f32", oe, D + 1)
+    rb.d2d("d3", g, D + 1)
+    rb.dmem("d4", "f32", mx, D + 1)
+    rb.dstride("d4", 0)
+    rb.d2d("d4", g, 1)  # the head's scale for each of its D + 1 values
+    rb.vmul("d3", "d3", "d4")
+    ctx.charge("softmax", c.op("add", g) + c.op("special", g) + c.op("mul", (D + 1) * g)
+               + c.scalar(8))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,19 +411,21 @@ def rope_tables(theta: float, hd: int, ctx_len: int) -> tuple[int, list]:
 
 
 def rope_source(ctx, pb, name: str, x0: int, geo, theta: float, color: int, default_pos,
-                y0: int = 0, seqs: int = 1) -> None:
+                y0: int = 0, seqs: int = 1, g: int | None = None) -> None:
     """Row y0 (a wafer's row 0) above a lattice slot of C columns: PE j computes cos and sin
     of this position (of each sequence's) at column j's frequencies and sends them down its
-    column (through every grid below on its wafer)."""
-    s, h2, n = geo.s, geo.h2, geo.C
+    column (through every grid below on its wafer). On a grid of two column classes one
+    source a class and segment g, above that strip (geo a class's, x0 the strip's)."""
+    h2 = geo.h2
+    n = geo.C if g is None else geo.n
+    segs = map_gemv.segments(geo, 1, g)
     B, tables = rope_tables(theta, geo.hd, geo.ctx)
     H = tables[2].shape[0]
     names = []
     tail = ""
-    if geo.hdp != geo.hd:  # each column's h2 frequencies: the tables padded to s h2 columns
-        from wse_emu.isa.compiler.map_gemv import pad_array
-        tables = [pad_array(geo, t, (None, "rope")) for t in tables]
-        tail = f"_{s * h2}"
+    if geo.split or geo.hdp != geo.hd:  # the column's frequencies: its class's, padded
+        tables = [map_gemv.pad_array(geo, t, (None, "rope")) for t in tables]
+        tail = f"_{geo.base}_{geo.n * h2}"
     for k, t in enumerate(tables):
         tname = f"rope{k}_{geo.hd}_{geo.ctx}_{theta:g}{tail}"
         if tname not in ctx.declared:
@@ -348,9 +437,9 @@ def rope_source(ctx, pb, name: str, x0: int, geo, theta: float, color: int, defa
     rb.piece("position_ids", pos, I32, (seqs, 1))
     rb.load(default_pos, pos, I32, (seqs, 1))
     bufs = [rb.alloc(f"t{k}", rows * h2 * 4) for k, rows in enumerate((B, B, H, H))]
-    for g in range(geo.kv):
+    for _, rect in segs:
         for k, (tname, rows) in enumerate(zip(names, (B, B, H, H))):
-            rb.load(tname, bufs[k], "f32", (rows, h2), 0, (0, 0, 1), "C", rect=(g * s, 0, s, 1))
+            rb.load(tname, bufs[k], "f32", (rows, h2), 0, (0, 0, 1), "C", rect=rect)
     out = rb.alloc("out", seqs * 2 * h2 * 4)
     tmp = rb.alloc("tmp", h2 * 4)
 
@@ -381,6 +470,15 @@ def rope_source(ctx, pb, name: str, x0: int, geo, theta: float, color: int, defa
     rb.dfout("d2", "f32", color, 2 * h2 * seqs)
     rb.vmov("d2", "d1")
     rb.halt()
+
+
+MASK_SOURCE_CODE = 64 * 8  # bytes: more than a mask source's code (about 40 instructions)
+
+
+def mask_source_bytes(geo, seqs: int = 1) -> int:
+    """SRAM of a mask source PE (mask_source): the positions, every sequence's [mask, one-hot,
+    keep] row in fp32, and at most MASK_SOURCE_CODE of code."""
+    return 4 * seqs + seqs * 3 * geo.S * 4 + MASK_SOURCE_CODE
 
 
 def mask_source(ctx, pb, name: str, y0: int, geo, color: int, default_pos,

@@ -86,7 +86,7 @@ def norm(ctx, nrm, x, out, params: dict) -> None:
 
 def load_norm(ctx, rb, nrm, params: dict, width: int | None = None) -> None:
     """Allocate and load the blocks (K elements, row i's) of a norm's weights on every PE of
-    the region's `width` columns (a layer's C)."""
+    the region's first `width` columns (all of them by default)."""
     K, R = ctx.geo.K, ctx.geo.R
     from wse_emu.isa.compiler.map_gemv import load_block, padded
     from wse_emu.isa.compiler.placement import WEIGHT_BYTES
@@ -97,7 +97,7 @@ def load_norm(ctx, rb, nrm, params: dict, width: int | None = None) -> None:
         if not ctx.shape_only:
             ref = padded(ctx, ctx.graph.weights[wname], ("d",))
             load_block(ctx, rb, ref, params[wname], K, 1, (0, 1, 0), 0, K,
-                       (0, 0, width or ctx.geo.C, R))
+                       (0, 0, width or rb.rect.w, R))
 
 
 def residual_add(ctx, x, y) -> None:

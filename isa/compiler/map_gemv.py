@@ -17,7 +17,10 @@ gathered at load time, one tile map per run (and per tile column when the runs i
 
 On a padded grid (decoder.Geometry: a side that does not divide its dimension) the tiles come
 from zero-padded copies of the weights (`padded`), program tensors of their own: the tile maps
-then read the padded matrices with the same indices as an unpadded grid.
+then read the padded matrices with the same indices as an unpadded grid. On a grid of two
+column classes each class's tiles come from a copy of the part of the weights its columns hold
+(its RoPE pairs of every head, its hidden units), so that a class's tile maps are those of a
+grid of its columns alone.
 """
 
 from __future__ import annotations
@@ -41,37 +44,43 @@ class Padded:
 
 
 def pad_array(geo, a: np.ndarray, axes: tuple) -> np.ndarray:
-    """a (one axis an entry of axes) with zeros appended: "d" to geo.dp, "f" to geo.fp,
-    "heads" every head's two halves to s h2 dims, "rope" a table's columns (half a head) to
-    s h2; None leaves the axis."""
+    """The part of a (one axis an entry of axes) that geo's column class holds, zero-padded:
+    "d" padded to geo.dp; "f" this class's hidden units (geo.f0 on, kv n F of them, zeros past
+    f); "heads" of every head's two halves this class's RoPE pairs (geo.base on, n h2 of
+    them: on a grid of one class all of them, zeros past half a head); "rope" a table's
+    columns (half a head) the same way; None leaves the axis."""
     for k, how in enumerate(axes):
         if how is None:
             continue
         a = np.moveaxis(a, k, -1)
         lead = a.shape[:-1]
-        if how in ("d", "f"):
-            want = geo.dp if how == "d" else geo.fp
-            a = np.concatenate([a, np.zeros(lead + (want - a.shape[-1],), a.dtype)], -1)
+        if how == "d":
+            a = np.concatenate([a, np.zeros(lead + (geo.dp - a.shape[-1],), a.dtype)], -1)
+        elif how == "f":
+            end = geo.f0 + geo.kv * geo.n * geo.F
+            a = np.concatenate([a, np.zeros(lead + (max(0, end - a.shape[-1]),), a.dtype)], -1)
+            a = a[..., geo.f0:end]
         else:
-            half = geo.hd // 2
-            parts = a.reshape(lead + (-1, half))
-            extra = geo.s * geo.h2 - half
-            a = np.concatenate([parts, np.zeros(parts.shape[:-1] + (extra,), a.dtype)], -1)
-            a = a.reshape(lead + (-1,))
+            half, width = geo.hd // 2, geo.n * geo.h2
+            parts = a.reshape(lead + (-1, half))[..., geo.base:geo.base + width]
+            pad = np.zeros(parts.shape[:-1] + (width - parts.shape[-1],), a.dtype)
+            a = np.concatenate([parts, pad], -1).reshape(lead + (-1,))
         a = np.moveaxis(a, -1, k)
     return np.ascontiguousarray(a)
 
 
 def padded(ctx, ref, axes: tuple):
-    """The ref to load a weight's tiles from: ref itself when its axes need no padding (or
-    nothing is loaded), else a Padded copy (declared once a program)."""
+    """The ref to load a weight's tiles from: ref itself when its axes need no padding and
+    the grid has one column class (or nothing is loaded), else a Padded copy of the part of it
+    ctx.geo's class holds (declared once a program)."""
     geo = ctx.geo
-    need = {"d": geo.dp != geo.d, "f": geo.fp != geo.f, "heads": geo.hdp != geo.hd,
-            "rope": geo.hdp != geo.hd}
+    heads = geo.split or geo.hdp != geo.hd
+    need = {"d": geo.dp != geo.d, "f": geo.fp != geo.f or geo.split, "heads": heads,
+            "rope": heads}
     if ref is None or ctx.shape_only or not any(need[a] for a in axes if a):
         return ref
     from wse_emu.isa.graph_numpy import load_weight
-    key = (ref.file, ref.key, ref.rows, ref.transpose, axes, geo.R, geo.C)
+    key = (ref.file, ref.key, ref.rows, ref.transpose, axes, geo.R, geo.C, geo.part)
     made = ctx.padded
     if key not in made:
         a = pad_array(geo, load_weight(ref.key, ref), axes)
@@ -121,31 +130,40 @@ def load_block(ctx, rb, ref, addr, rows: int, cols: int, row_idx, col_idx, ld: i
 
 def qkv_runs(geo):
     """The runs of a column's fused q/k/v tile: (matrix index 0/1/2, offset in the tile,
-    tile index of the run in its matrix as a function (start, per-KV-head step, per-column
-    step) for columns g*s + c of KV head g). Order: each query head's two half-runs, then
-    k's, then v's."""
-    s, h2, group = geo.s, geo.h2, geo.group
+    tile index of the run in its matrix (in h2 rows, in the part of it the column's class
+    holds: pad_array) as a function (start, per-KV-head step) plus the column's place among
+    its class's n columns of KV head g). Order: each query head's two half-runs, then k's,
+    then v's."""
+    n, h2, group = geo.n, geo.h2, geo.group
     runs = []
     off = 0
     for hh in range(group):
         for half in range(2):
-            runs.append((0, off, hh * 2 * s + half * s, group * 2 * s))
+            runs.append((0, off, hh * 2 * n + half * n, group * 2 * n))
             off += h2
     for mat in (1, 2):
         for half in range(2):
-            runs.append((mat, off, half * s, 2 * s))
+            runs.append((mat, off, half * n, 2 * n))
             off += h2
     return runs
 
 
-def load_qkv(ctx, rb, mats, waddr, baddr) -> None:
-    """The fused q/k/v tile (Mqkv x K) and bias (Mqkv) of every column (module docstring)."""
+def segments(geo, height: int, g: int | None = None) -> list:
+    """[(KV head g, its columns' rectangle in the region)]: a region of the whole grid (g None)
+    holds every segment (columns g s ..); a strip of a two-class grid one class's n columns of
+    segment g, all of its region."""
+    if g is None:
+        return [(k, (k * geo.s, 0, geo.s, height)) for k in range(geo.kv)]
+    return [(g, (0, 0, geo.n, height))]
+
+
+def load_qkv(ctx, rb, mats, waddr, baddr, segs) -> None:
+    """The fused q/k/v tile (Mqkv x K) and bias (Mqkv) of every column of segs (segments())."""
     geo = ctx.geo
-    s, h2, K, R = geo.s, geo.h2, geo.K, geo.R
+    h2, K = geo.h2, geo.K
     refs = [(padded(ctx, m.ref, ("heads", "d")), padded(ctx, m.bias_ref, ("heads",)))
             for m in mats]
-    for g in range(geo.kv):
-        rect = (g * s, 0, s, R)
+    for g, rect in segs:
         for mat, off, start, per_head in qkv_runs(geo):
             w, b = refs[mat]
             ri = (g * per_head + start, 0, 1)
@@ -155,46 +173,50 @@ def load_qkv(ctx, rb, mats, waddr, baddr) -> None:
                 load_block(ctx, rb, b, baddr + off * 4, h2, 1, ri, 0, h2, rect, "f32")
 
 
-def load_o(ctx, rb, m, waddr, baddr) -> None:
+def load_o(ctx, rb, m, waddr, baddr, segs) -> None:
     """The output projection's tile (K x Mq): rows block i, columns = column j's head dims of
     each query head, in the order of the attention output (ao) of the column."""
     geo = ctx.geo
-    s, h2, K, R, group = geo.s, geo.h2, geo.K, geo.R, geo.group
+    n, h2, K, group = geo.n, geo.h2, geo.K, geo.group
     wb = WEIGHT_BYTES[ctx.dtype]
     w = padded(ctx, m.ref, ("d", "heads"))
-    for g in range(geo.kv):
-        rect = (g * s, 0, s, R)
+    bias = padded(ctx, m.bias_ref, ("d",)) if m.bias_ref is not None else None
+    for g, rect in segs:
         for hh in range(group):
             for half in range(2):
                 t = 2 * hh + half
-                ci = ((g * group + hh) * 2 * s + half * s, 0, 1)
+                ci = ((g * group + hh) * 2 * n + half * n, 0, 1)
                 load_block(ctx, rb, w, waddr + t * h2 * K * wb, K, h2, (0, 1, 0), ci, K, rect)
-    if m.bias_ref is not None and baddr is not None:
-        load_block(ctx, rb, padded(ctx, m.bias_ref, ("d",)), baddr, K, 1, (0, 1, 0), 0, K,
-                   (0, 0, geo.C, R), "f32")
+        if bias is not None and baddr is not None:
+            load_block(ctx, rb, bias, baddr, K, 1, (0, 1, 0), 0, K, rect, "f32")
 
 
-def load_mlp1(ctx, rb, mats, waddr, baddr) -> None:
-    """Gate and up (or up alone): rows block j of each, stacked; columns block i."""
+def load_mlp1(ctx, rb, mats, waddr, baddr, segs) -> None:
+    """Gate and up (or up alone): rows block j of each, stacked; columns block i. Column j's
+    block is its place among the columns of its class (pad_array "f")."""
     geo = ctx.geo
-    F, K, grid = geo.F, geo.K, (0, 0, geo.C, geo.R)
+    F, K, n = geo.F, geo.K, geo.n
     wb = WEIGHT_BYTES[ctx.dtype]
     for k, m in enumerate(mats):
-        load_block(ctx, rb, padded(ctx, m.ref, ("f", "d")), waddr + k * F * wb, F, K, (0, 0, 1),
-                   (0, 1, 0), geo.M1, grid)
-        if m.bias_ref is not None and baddr is not None:
-            load_block(ctx, rb, padded(ctx, m.bias_ref, ("f",)), baddr + k * F * 4, F, 1,
-                       (0, 0, 1), 0, F, grid, "f32")
+        w = padded(ctx, m.ref, ("f", "d"))
+        b = padded(ctx, m.bias_ref, ("f",)) if m.bias_ref is not None else None
+        for g, rect in segs:
+            load_block(ctx, rb, w, waddr + k * F * wb, F, K, (g * n, 0, 1), (0, 1, 0), geo.M1,
+                       rect)
+            if b is not None and baddr is not None:
+                load_block(ctx, rb, b, baddr + k * F * 4, F, 1, (g * n, 0, 1), 0, F, rect,
+                           "f32")
 
 
-def load_down(ctx, rb, m, waddr, baddr) -> None:
+def load_down(ctx, rb, m, waddr, baddr, segs) -> None:
     geo = ctx.geo
-    F, K, grid = geo.F, geo.K, (0, 0, geo.C, geo.R)
-    load_block(ctx, rb, padded(ctx, m.ref, ("d", "f")), waddr, K, F, (0, 1, 0), (0, 0, 1), K,
-               grid)
-    if m.bias_ref is not None and baddr is not None:
-        load_block(ctx, rb, padded(ctx, m.bias_ref, ("d",)), baddr, K, 1, (0, 1, 0), 0, K, grid,
-                   "f32")
+    F, K, n = geo.F, geo.K, geo.n
+    w = padded(ctx, m.ref, ("d", "f"))
+    b = padded(ctx, m.bias_ref, ("d",)) if m.bias_ref is not None else None
+    for g, rect in segs:
+        load_block(ctx, rb, w, waddr, K, F, (0, 1, 0), (g * n, 0, 1), K, rect)
+        if b is not None and baddr is not None:
+            load_block(ctx, rb, b, baddr, K, 1, (0, 1, 0), 0, K, rect, "f32")
 
 
 def product(ctx, what: str, w, M: int, K: int, x, y, line, bias=None) -> None:

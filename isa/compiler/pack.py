@@ -80,6 +80,8 @@ class CompileReport:
     sequences: int = 1  # independent sequences in flight (B KV caches, B tokens a step)
     # the predicted cycles of a step of all B sequences (isa.program.pipelined_cycles)
     step_cycles: int = 0
+    score_passes: int = 1  # the wafer mapping's attention scores, in passes of a few heads
+    column_classes: bool = False  # the wafer mapping's heavy and light columns (no head pad)
 
     def layers(self) -> dict:
         """Per layer: the rectangles (x, y, w, h) of its stages."""
@@ -119,7 +121,10 @@ class CompileReport:
                              f"predicted {self.step_cycles} cycles a step")
             lines.append(f"predicted cycles a decode step"
                          + (" of one sequence" if self.sequences > 1 else "") + f": {total} "
-                         + (f"(layers on {self.grid_text} grids) " if self.grid else "")
+                         + (f"(layers on {self.grid_text} grids"
+                            + (", two column classes" if self.column_classes else "")
+                            + (f", the attention's scores in {self.score_passes} passes"
+                               if self.score_passes > 1 else "") + ") " if self.grid else "")
                          + "; by part: " + ", ".join(f"{k} {v}"
                                                      for k, v in self.predicted.items()))
         for w in self.wafers:

@@ -185,25 +185,79 @@ def _snake(items: list, per_band: int) -> int | None:
 
 def _layer_data(dec: Decoder, geo: Geometry, dtype: str, seqs: int = 1) -> int:
     """SRAM a layer PE's data takes: weight tiles, KV caches (seqs of them) and buffers (the
-    attention's scratch and the MLP's gate/up vector overlaid: map_attention.scratch_layout)."""
+    attention's scratch and the MLP's gate/up vector overlaid: map_attention.scratch_layout);
+    on a grid of two column classes the larger class's."""
     wb = WEIGHT_BYTES[dtype]
-    bufs = 4 * (3 * geo.K + geo.Mqkv + 1 + 2) + 2 * geo.K * wb * 2
-    scratch = map_attention.buffer_bytes(geo, bool(dec.rope_theta), 4 * geo.M1)
-    return (map_gemv.tile_bytes(geo, wb, dec.family == "gpt2")
-            + seqs * map_attention.cache_bytes(geo, wb) + scratch + bufs)
+    return max(map_gemv.tile_bytes(g, wb, dec.family == "gpt2")
+               + seqs * map_attention.cache_bytes(g, wb)
+               + map_attention.buffer_bytes(g, bool(dec.rope_theta), 4 * g.M1)
+               + 4 * (3 * g.K + g.Mqkv + 1 + 2) + 2 * g.K * wb * 2 for g in geo.variants)
 
 
 CODE_BOUND = 8 * 1024  # more than any layer PE's code counts (about 4-5 KB)
 
 
 def _layer_fits(dec: Decoder, geo: Geometry, machine, dtype: str, seqs: int = 1) -> bool:
-    """Whether a layer PE's code and data fit its SRAM. The code is counted (layer_code_bytes)
-    only when the data leave less than CODE_BOUND bytes free: counting takes dry runs of the
-    grid's code, too slow for every candidate grid of a large model. (_pack checks the
-    program's real SRAM.)"""
+    """Whether a layer PE's code and data fit its SRAM, and the mask source's beside its band
+    (every sequence's mask rows, map_attention.mask_source_bytes). The code is counted
+    (layer_code_bytes) only when the data leave less than CODE_BOUND bytes free: counting
+    takes dry runs of the grid's code, too slow for every candidate grid of a large model.
+    (_pack checks the program's real SRAM.)"""
+    if map_attention.mask_source_bytes(geo, seqs) > machine.sram_bytes:
+        return False
     free = machine.sram_bytes - _layer_data(dec, geo, dtype, seqs)
     return free >= CODE_BOUND or (free > 0 and layer_code_bytes(dec, geo, machine, dtype,
                                                                  seqs) <= free)
+
+
+def pass_options(geo: Geometry) -> list:
+    """geo with the attention's scores in one pass, then in 2, 4, ... passes (hp heads a
+    pass, every divisor of a KV head's query heads): less scratch, more allreduces."""
+    return [replace(geo, hp=0 if h == geo.group else h)
+            for h in sorted(divisors(geo.group), reverse=True)]
+
+
+def layouts(dec: Decoder, geo: Geometry, machine, dtype: str) -> list:
+    """The layer layouts a grid can have: its head dims padded or in two column classes
+    (where s does not divide a head's RoPE pairs), its scores in 1, 2, 4 ... passes
+    (pass_options) and each line allreduce in its fastest form or the chain form (the
+    two-phase form's roles take about 50 instructions a line kind to set up)."""
+    col, row = line_forms(dec, geo, machine, dtype)
+    forms = sorted({(col, row), (0, row), (col, 0), (0, 0)})
+    classes = [geo, replace(geo, balanced=True)] if (geo.hd // 2) % geo.s else [geo]
+    return [replace(p, forms=f) for c in classes for p in pass_options(c) for f in forms]
+
+
+def _fitted(dec: Decoder, geo: Geometry, machine, dtype: str, seqs: int = 1):
+    """geo with the fastest layer code that fits a PE (layouts, by layer_cycles), or None:
+    its own when that fits (the common case, checked first), None at once when even the
+    least data of any layout do not (the code only adds to it)."""
+    if _layer_fits(dec, geo, machine, dtype, seqs):
+        return geo
+    least = min(_layer_data(dec, replace(geo, balanced=b, hp=1), dtype, seqs)
+                for b in (False, True))
+    if least >= machine.sram_bytes:
+        return None
+    fits = [p for p in layouts(dec, geo, machine, dtype)
+            if _layer_fits(dec, p, machine, dtype, seqs)]
+    return min(fits, key=lambda p: (layer_cycles(dec, p, machine, dtype), p.passes, p.forms),
+               default=None)
+
+
+def layer_cycles(dec: Decoder, geo: Geometry, machine, dtype: str, sites=None) -> int:
+    """A layer's predicted cycles without its hand-off: its PE's local ops and line
+    collectives, with two column classes each op at the slower class's pace."""
+    forms = line_forms(dec, geo, machine, dtype)
+    if sites is None:
+        sites = layer_sites(Mapping(dec, geo, [], [], (0, 0), 0, line_groups=forms), machine,
+                            dtype)
+    charges = []
+    for g in geo.variants:
+        dry = _DryRun(g, dtype, machine, bool(dec.rope_theta), dec.family == "gpt2", forms)
+        dry.share = Shared(sites)
+        _layer_body(dry, dec.layers[0], receive=None, send=None)
+        charges.append([c for _, c in dry.charges])
+    return sum(max(cs) for cs in zip(*charges))
 
 
 def layer_code_bytes(dec: Decoder, geo: Geometry, machine, dtype: str, seqs: int = 1) -> int:
@@ -221,24 +275,27 @@ def layer_code_bytes(dec: Decoder, geo: Geometry, machine, dtype: str, seqs: int
 
 
 def _layer_code(dec: Decoder, geo: Geometry, machine, dtype: str, seqs: int) -> int:
+    """Instructions of the largest layer region's code (of either column class)."""
     mp = Mapping(dec, geo, [], [], (0, 0), 0, line_groups=line_forms(dec, geo, machine, dtype),
                  seqs=seqs)
     em = _Emitter.__new__(_Emitter)  # the code emitters alone: no ProgramBuilder, no data
     em.mp, em.machine, em.dtype, em.geo, em.seqs = mp, machine, dtype, geo, seqs
 
-    def dry():
-        ctx = _DryRun(geo, dtype, machine, bool(dec.rope_theta), dec.family == "gpt2",
+    def dry(g):
+        ctx = _DryRun(g, dtype, machine, bool(dec.rope_theta), dec.family == "gpt2",
                       mp.line_groups)
         ctx.rb, ctx.seqs = InstrCount(), seqs
         ctx.cache_regs = (KOFF, VOFF) if seqs > 1 else None
         return ctx
-    ctx = dry()
-    ctx.share = Shared(layer_sites(mp, machine, dtype))
-    em.position_regs(ctx.rb, Item("layer", 0, geo.C, 1))
-    em.loop(ctx, lambda: _layer_body(ctx, dec.layers[0], None, None))
-    ctx.rb.halt()
-    ctx.share.routines(ctx.rb, ctx.labels)
-    code = ctx.rb.n
+    code = 0
+    for g in geo.variants:
+        ctx = dry(g)
+        ctx.share = Shared(layer_sites(mp, machine, dtype))
+        em.position_regs(ctx.rb, Item("layer", 0, geo.C, 1))
+        em.loop(ctx, lambda: _layer_body(ctx, dec.layers[0], None, None))
+        ctx.rb.halt()
+        ctx.share.routines(ctx.rb, ctx.labels)
+        code = max(code, ctx.rb.n)
     prev, it, nxt = (Item("layer", k, geo.C, 1, slot=k, chip=k) for k in range(3))
     mp.items = [prev, it, nxt]
     ends = []
@@ -246,7 +303,7 @@ def _layer_code(dec: Decoder, geo: Geometry, machine, dtype: str, seqs: int) -> 
                          ("sender", ("diag", "cross", "east", "west"))):
         most = 0
         for kind in kinds:
-            ctx = dry()
+            ctx = dry(geo)
             if which == "receiver":
                 it.handoff_in = kind
                 em.receiver(ctx, it, 1)()
@@ -422,8 +479,8 @@ def choose(dec: Decoder, machine, dtype: str, exact: bool, grid=None,
                 + (" with several sequences" if seqs > 1 else ""))
         shapes = [want]
     for shape in shapes:
-        geo = geometry(dec, shape)
-        if not _layer_fits(dec, geo, machine, dtype, seqs):
+        geo = _fitted(dec, geometry(dec, shape), machine, dtype, seqs)
+        if geo is None:
             continue
         mp, layout = _placed(dec, geo, machine, dtype, exact, seqs)
         if mp is None:
@@ -459,28 +516,43 @@ def _placed(dec: Decoder, geo: Geometry, machine, dtype: str, exact: bool,
 
 
 def line_forms(dec: Decoder, geo: Geometry, machine, dtype: str) -> tuple:
-    """(column, row) group sizes of the layers' line allreduces (0: the chain form): for each
-    kind of line, the form with the fewest cycles over the allreduces a layer makes on it
-    (lines.cycles; a dry run of the layer lists them)."""
-    dry = _DryRun(geo, dtype, machine, bool(dec.rope_theta), dec.family == "gpt2")
-    _layer_body(dry, dec.layers[0], receive=None, send=None)
+    """(column, row) group sizes of the layers' line allreduces (0: the chain form): geo's
+    own (Geometry.forms), or for each kind of line the form with the fewest cycles over the
+    allreduces a layer makes on it (lines.cycles; a dry run of the layer, of each column
+    class, lists them)."""
+    if geo.forms:
+        return geo.forms
+    cache = dec.__dict__.setdefault("line_forms", {})
+    key = (replace(geo, hp=0, balanced=False), machine.name, dtype)
+    if key not in cache:
+        cache[key] = _line_forms(dec, geo, machine, dtype)
+    return cache[key]
+
+
+def _line_forms(dec: Decoder, geo: Geometry, machine, dtype: str) -> tuple:
+    calls = []
+    for g in geo.variants:
+        dry = _DryRun(g, dtype, machine, bool(dec.rope_theta), dec.family == "gpt2")
+        _layer_body(dry, dec.layers[0], receive=None, send=None)
+        calls += dry.calls
     out = []
     for line in (dry.col, dry.row):
         L = line.length
         side = L - 1 - (L - 1) // 2
-        calls = [(n, b) for key, n, b in dry.calls if key == line.colors]
+        mine = [(n, b) for key, n, b in calls if key == line.colors]
         best = min(range(side + 1), key=lambda g: (
-            sum(line_cycles(machine, L, n, b, group=g) for n, b in calls), g))
+            sum(line_cycles(machine, L, n, b, group=g) for n, b in mine), g))
         out.append(best)
     return tuple(out)
 
 
 def layer_sites(mp: Mapping, machine, dtype: str) -> dict:
     """(line, op, broadcast) -> call sites of a layer's allreduces (a dry run counts them):
-    what decides which become shared routines (lines.Shared)."""
+    what decides which become shared routines (lines.Shared). Both column classes of a grid
+    make the same calls, with other block lengths."""
     dec = mp.dec
-    dry = _DryRun(mp.geo, dtype, machine, bool(dec.rope_theta), dec.family == "gpt2",
-                  mp.line_groups)
+    dry = _DryRun(mp.geo.variants[0], dtype, machine, bool(dec.rope_theta),
+                  dec.family == "gpt2", mp.line_groups)
     _layer_body(dry, dec.layers[0], receive=None, send=None)
     return dry.sites
 
@@ -496,8 +568,7 @@ def split_costs(mp: Mapping, machine, dtype: str) -> tuple:
 def _refusal(dec, machine, dtype, exact, biases, sides, name, seqs: int = 1) -> str:
     """One line: why no grid fits; the wafers that would hold the model, or the largest
     max_context that would fit (with seqs KV caches a layer)."""
-    fitting = [g for g in sides
-               if _layer_fits(dec, geometry(dec, g), machine, dtype, seqs)]
+    fitting = [g for g in sides if _fitted(dec, geometry(dec, g), machine, dtype, seqs)]
     caches = f" with {seqs} sequences' KV caches" if seqs > 1 else ""
     fit = _fitting_context(dec, machine, dtype, exact, biases, sides, seqs)
     if seqs > 1 and fit:  # the caches are what does not fit: a shorter context first
@@ -566,14 +637,17 @@ def sram_needed(dec, machine, dtype, exact, sides, seqs: int = 1) -> tuple | Non
     in order of their data, and the first whose data alone exceed the best so far ends it."""
     roomy = replace(machine, sram_bytes=1 << 40)
     best = None
-    data = {g: _layer_data(dec, geometry(dec, g), dtype, seqs) for g in sides}
+    data = {g: min(_layer_data(dec, p, dtype, seqs) for p in pass_options(geometry(dec, g)))
+            for g in sides}  # (the line forms change code only)
     for g in sorted(sides, key=lambda g: (data[g], g)):
         if best is not None and data[g] >= best[0]:
             break
         geo = geometry(dec, g)
         if _placed(dec, geo, roomy, dtype, exact, seqs)[0] is None:
             continue
-        need = data[g] + layer_code_bytes(dec, geo, roomy, dtype, seqs)
+        need = min(_layer_data(dec, p, dtype, seqs) + layer_code_bytes(dec, p, roomy, dtype,
+                                                                       seqs)
+                   for p in layouts(dec, geo, roomy, dtype))
         if best is None or need < best[0]:
             best = (need, g)
     return best
@@ -587,7 +661,7 @@ def _fitting_context(dec, machine, dtype, exact, biases, sides, seqs: int) -> in
         lo, hi = 0, dec.max_context
         while lo < hi:  # the largest context whose layer fits SRAM
             mid = (lo + hi + 1) // 2
-            if _layer_fits(dec, geometry(dec, g, mid), machine, dtype, seqs):
+            if _fitted(dec, geometry(dec, g, mid), machine, dtype, seqs):
                 lo = mid
             else:
                 hi = mid - 1
@@ -618,12 +692,9 @@ def predict(mp: Mapping, machine, dtype: str, senders: bool = True) -> dict:
     that much later (docs/timing-model.md, section 11). senders=False keeps the latency in
     the crossing's figure: split_costs balances the wafers with every layer alike."""
     geo, dec = mp.geo, mp.dec
+    body = layer_cycles(dec, geo, machine, dtype, layer_sites(mp, machine, dtype))
     dry = _DryRun(geo, dtype, machine, bool(dec.rope_theta), dec.family == "gpt2",
                   mp.line_groups)
-    layer = dec.layers[0]
-    dry.share = Shared(layer_sites(mp, machine, dtype))
-    _layer_body(dry, layer, receive=None, send=None)
-    body = dry.total()
     out = {"embed": map_embedding.cycles(dry.cost, geo.K)}
     loop = 0
     if mp.seqs > 1:  # the loop's scalars (LOOP_SCALARS) and the caches' four daddr
@@ -698,6 +769,8 @@ class _Ctx:
         self.cost = Cost(machine)
         self.rope, self.biases = rope, biases
         self.col, self.row = line_kinds(geo, groups)
+        # the attention's pass counter (map_attention): a register the lines leave free
+        self.pass_reg = "r3" if self.col.group else "r7"
         self.calls: list = []  # (line colors, n, broadcast) of every allreduce, in order
         self.sites: dict = {}  # (line, op, broadcast) -> allreduces of that kind so far
         self.share = Shared({})  # the region's shared routines (none: all inline)
@@ -710,11 +783,12 @@ class _Ctx:
     def charge(self, what: str, cycles: int) -> None:
         self.charges.append((what, cycles))
 
-    def allreduce(self, line, buf, n, op="add", what="allreduce", broadcast=True) -> None:
+    def allreduce(self, line, buf, n, op="add", what="allreduce", broadcast=True,
+                  times: int = 1) -> None:
         """The allreduce inline, or a call of the region's shared routine for its kind
-        (lines.Shared), with its cycles."""
+        (lines.Shared), with its cycles; `times` the code runs it (in a loop)."""
         self.share.allreduce(self.rb, self.labels, line, buf, n, op, broadcast)
-        self.calls.append((line.colors, n, broadcast))
+        self.calls += [(line.colors, n, broadcast)] * times
         cycles = line_cycles(self.machine, line.length, n, broadcast, line.group)
         key = (line, op, broadcast)
         if line.length > 1 and n > 0:
@@ -723,7 +797,7 @@ class _Ctx:
             if key in self.share.shared:
                 cycles += call_cycles(self.machine, line, broadcast, index,
                                       self.share.sites[key])
-        self.charge(what, cycles)
+        self.charge(what, times * cycles)
 
     def buf(self, name):
         return self.bufs[name]
@@ -792,6 +866,31 @@ def _layer_body(ctx, layer, receive, send) -> None:
     map_elementwise.residual_add(ctx, b["x"], b["y"])
     if send is not None:
         send()
+
+
+class _Replay:
+    """A region builder's stand-in that records the code it is given (every call but the
+    data's), to give another region the same code: the strips of one column class of a
+    layer run the same code on other tiles."""
+
+    DATA = {"alloc", "load", "init", "piece"}
+
+    def __init__(self, rb):
+        self.rb, self.calls = rb, []
+
+    def __getattr__(self, name):
+        f = getattr(self.rb, name)
+        if name in self.DATA or not callable(f):
+            return f
+
+        def record(*a, **k):
+            self.calls.append((name, a, k))
+            return f(*a, **k)
+        return record
+
+    def replay(self, rb) -> None:
+        for name, a, k in self.calls:
+            getattr(rb, name)(*a, **k)
 
 
 class _Emitter:
@@ -971,12 +1070,33 @@ class _Emitter:
 
     # -- grids -------------------------------------------------------------------------------
 
+    def strips(self, x0: int):
+        """[(class geometry, region x, width, KV head g or None)]: the regions of a grid at x0,
+        one region of the whole grid (g None), or on a grid of two column classes one a class
+        and segment (decoder module docstring)."""
+        geo = self.geo
+        if not geo.split:
+            return [(geo, x0, geo.C, None)]
+        return [(v, x0 + g * geo.s + v.first, v.n, g)
+                for g in range(geo.kv) for v in geo.variants]
+
     def layer(self, it, k: int) -> None:
-        geo, dtype = self.geo, self.dtype
         layer = self.mp.dec.layers[it.index]
-        rb = self.region("layer", f"layers.{it.index}", it.index, it.x0(geo), it.y0(geo), geo.C,
-                         geo.R)
+        several = self.geo.split
+        code: dict = {}  # column class -> its code (the same on each of its strips)
+        for v, x, w, g in self.strips(it.x0(self.geo)):
+            name = f"layers.{it.index}" + (f".{g}{'hl'[v.part]}" if several else "")
+            rb = self.region("layer", name, it.index, x, it.y0(self.geo), w, self.geo.R)
+            code[v.part] = self.layer_region(rb, v, layer, it, k, map_gemv.segments(v, v.R, g),
+                                             code.get(v.part))
+
+    def layer_region(self, rb, geo, layer, it, k: int, segs, code=None):
+        """One region of a layer's grid (all of it, or a strip of one column class): its
+        buffers, its tiles (of segs, map_gemv.segments) and its code, emitted (returned as a
+        _Replay) or, given the code of another strip of its class, replayed."""
+        dtype = self.dtype
         ctx = self.ctx(rb)
+        ctx.geo = geo  # the lines stay the grid's (self.ctx)
         if self.sites is None:
             self.sites = layer_sites(self.mp, self.machine, dtype)
         ctx.share = Shared(self.sites)
@@ -997,16 +1117,21 @@ class _Emitter:
         map_elementwise.load_norm(ctx, rb, layer.norm1, params)
         map_elementwise.load_norm(ctx, rb, layer.norm2, params)
         b["params"] = params
-        map_gemv.load_qkv(ctx, rb, layer.qkv, b["wqkv"], b.get("bqkv"))
-        map_gemv.load_o(ctx, rb, layer.o, b["wo"], b.get("bo"))
-        map_gemv.load_mlp1(ctx, rb, layer.mlp1, b["w1"], b.get("b1"))
-        map_gemv.load_down(ctx, rb, layer.down, b["wd"], b.get("bd"))
-        self.position_regs(rb, it)
+        map_gemv.load_qkv(ctx, rb, layer.qkv, b["wqkv"], b.get("bqkv"), segs)
+        map_gemv.load_o(ctx, rb, layer.o, b["wo"], b.get("bo"), segs)
+        map_gemv.load_mlp1(ctx, rb, layer.mlp1, b["w1"], b.get("b1"), segs)
+        map_gemv.load_down(ctx, rb, layer.down, b["wd"], b.get("bd"), segs)
+        if code is not None:
+            code.replay(rb)
+            return code
+        ctx.rb = code = _Replay(rb)
+        self.position_regs(code, it)
         self.loop(ctx, lambda: _layer_body(ctx, layer, self.receiver(ctx, it, k),
                                            self.sender(ctx, it, k)),
                   map_attention.strides(geo, dtype))
-        rb.halt()
-        ctx.share.routines(rb, ctx.labels)
+        code.halt()
+        ctx.share.routines(code, ctx.labels)
+        return code
 
     def head(self, it, k: int) -> None:
         geo, dtype = self.geo, self.dtype
@@ -1081,13 +1206,16 @@ class _Emitter:
                                       "default_position_ids", self.seqs)
         if self.mp.dec.rope_theta:
             for chip, row0, slot in sorted({(it.chip, it.row0, it.slot) for it in layers}):
-                sid = len(self.stages)
-                name = label("rope", chip, slot)
-                self.stages.append(dict(name=name, kind="source", layer=-1,
-                                        rect=(1 + slot * C, row0, C, 1)))
-                map_attention.rope_source(ctx, self.pb, f"s{sid}.{name}", 1 + slot * C,
-                                          self.geo, self.mp.dec.rope_theta, ROPE,
-                                          "default_position_ids", y0=row0, seqs=self.seqs)
+                for v, x, w, g in self.strips(1 + slot * C):
+                    sid = len(self.stages)
+                    name = label("rope", chip, slot) + ("" if g is None else
+                                                        f".{g}{'hl'[v.part]}")
+                    self.stages.append(dict(name=name, kind="source", layer=-1,
+                                            rect=(x, row0, w, 1)))
+                    map_attention.rope_source(ctx, self.pb, f"s{sid}.{name}", x, v,
+                                              self.mp.dec.rope_theta, ROPE,
+                                              "default_position_ids", y0=row0, seqs=self.seqs,
+                                              g=g)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1341,7 +1469,8 @@ def _pack(pb, mp: Mapping, stages: list, machine, dtype: str, name: str, shape_o
         fabric=(box.w, box.h), pes=pes, sram_max=max(sram),
         sram_mean=sum(b * r.rect.size for b, r in zip(sram, program.regions)) / pes,
         colors=program.colors_used(), stages=stages, predicted=dict(mp.predicted),
-        grid=mp.geo.label, wafers=wafers, sequences=mp.seqs,
+        grid=mp.geo.label, wafers=wafers, sequences=mp.seqs, score_passes=mp.geo.passes,
+        column_classes=mp.geo.split,
         step_cycles=pipelined_cycles(mp.predicted, mp.seqs))
     return program, report
 
@@ -1351,8 +1480,15 @@ def format_mapping(mp: Mapping, stages: list) -> str:
     pad = ", ".join(f"{what} {a} to {b}" for what, a, b in (
         ("d", g.d, g.dp), ("f", g.f, g.fp), ("head dims", g.hd, g.hdp)) if a != b)
     pad = f"; padded: {pad}" if pad else ""
-    lines = [f"grid {g.R} x {g.C} a layer (K = {g.K}, {g.s} columns a KV head, {g.D} head dims "
-             f"a column, {g.S} cache slots a PE{pad}), {mp.bands} bands of {g.R} rows"]
+    if g.split:
+        h, lt = g.variants
+        cols = (f"{h.n} of {h.D} head dims and {h.F} hidden units, {lt.n} of {lt.D} and "
+                f"{lt.F}")
+    else:
+        cols = f"{g.D} head dims a column"
+    passes = f", scores in {g.passes} passes of {g.hpass} heads" if g.passes > 1 else ""
+    lines = [f"grid {g.R} x {g.C} a layer (K = {g.K}, {g.s} columns a KV head: {cols}, "
+             f"{g.S} cache slots a PE{pad}{passes}), {mp.bands} bands of {g.R} rows"]
     hand = {(it.kind, it.index): it.handoff_in for it in mp.items}
     for k, s in enumerate(stages):
         x, y, w, h = s["rect"]

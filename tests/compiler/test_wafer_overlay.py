@@ -20,7 +20,7 @@ from tests.compiler.test_wafer_rect import SMALL_LLAMA
 
 # the buffers' lifetimes in a step's code, as first and last op in wafer._layer_body's order
 # (0 rope, 1 append, 2 scores .. the values' mm, 3 o / l, 4 the o product, 5 the MLP)
-LIVE = dict(cs=(0, 0), rt=(0, 0), mask=(1, 2), outer=(1, 1), sc=(2, 2), mx=(2, 2),
+LIVE = dict(cs=(0, 0), rt=(0, 0), mask=(1, 2), append=(1, 1), sc=(2, 2), mx=(2, 2),
             fold=(3, 3), oe=(2, 3), ao=(3, 4), gu=(5, 5))
 
 

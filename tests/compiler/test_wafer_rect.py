@@ -144,6 +144,38 @@ def test_geometry_pads_and_squares_are_unchanged():
     assert list(p[:, 0]) == [0, 1, 2, 3, 0, 0, 4, 5, 6, 7, 0, 0]
 
 
+def test_geometry_two_column_classes_split_a_head_without_padding():
+    sq = Geometry(32, 32, 256, 32, 8, 2, 512, 256, True, balanced=True)
+    assert (sq.K, sq.s, sq.h2, sq.F, sq.S, sq.padded, sq.split) == (8, 16, 1, 16, 8, False,
+                                                                    False)
+    # 12 columns a KV head, 16 pairs a half: padded to 24 pairs, or two classes
+    assert Geometry(43, 24, 256, 32, 8, 2, 512, 256, True).hdp == 48
+    g = Geometry(43, 24, 256, 32, 8, 2, 512, 256, True, balanced=True)
+    assert g.hdp == 32
+    h, lt = g.variants
+    assert (g.K, g.dp, g.s, g.heavy, g.padded) == (6, 258, 12, 4, True)
+    assert (h.n, h.h2, h.first, lt.n, lt.h2, lt.first) == (4, 2, 0, 8, 1, 4)
+    assert h.n * h.h2 + lt.n * lt.h2 == g.hd // 2  # no head dim padded
+    assert g.kv * (h.n * h.F + lt.n * lt.F) == g.fp >= g.f
+    assert (h.F, lt.F, lt.f0) == (14, 25, 112)
+
+    def nbytes(v):  # 16-bit weights and K/V caches, fp32 q/k/v, o and l of a column
+        return 2 * ((v.Mqkv + v.Mq + v.M1 + v.F) * v.K + v.S * v.D + (v.D + 1) * v.S) + \
+            4 * (v.Mqkv + v.Mq + (v.D + 1) * v.group)
+    # light columns take the heavy ones' surplus, to within a hidden unit (3 K 16-bit values)
+    assert abs(nbytes(h) - nbytes(lt)) <= 3 * g.K * 2 and nbytes(h) != nbytes(sq)
+    # each class's part of a head (of each of 2 heads of 32 dims): its pairs of both halves
+    w = np.arange(64, dtype=np.float32)[:, None] * np.ones((1, 4), np.float32)
+    hp, lp = (pad_array(v, w, ("heads", None)) for v in g.variants)
+    assert list(hp[:, 0]) == [*range(0, 8), *range(16, 24), *range(32, 40), *range(48, 56)]
+    assert list(lp[:, 0]) == [*range(8, 16), *range(24, 32), *range(40, 48), *range(56, 64)]
+    # and of the MLP's hidden units: the heavy columns' blocks first, zeros past f
+    u = np.arange(500, dtype=np.float32)[:, None]
+    hu, lu = (pad_array(v, u, ("f", None))[:, 0] for v in g.variants)
+    assert list(hu) == list(range(112)) and list(lu[:388]) == list(range(112, 500))
+    assert not lu[388:].any() and len(lu) == 400
+
+
 @pytest.mark.parametrize("grid", ["7y8", "0x8", "8x7", "x8", 3.5, "20x8"])
 def test_bad_grids_are_refused_in_one_line(grid, wse3, tmp_path):
     path = make_llama(tmp_path, seed=1, layers=1, **SMALL_LLAMA)
