@@ -234,14 +234,19 @@ def _fitted(dec: Decoder, geo: Geometry, machine, dtype: str, seqs: int = 1):
     least data of any layout do not (the code only adds to it)."""
     if _layer_fits(dec, geo, machine, dtype, seqs):
         return geo
-    least = min(_layer_data(dec, replace(geo, balanced=b, hp=1), dtype, seqs)
-                for b in (False, True))
-    if least >= machine.sram_bytes:
+    if _least_data(dec, geo, dtype, seqs) >= machine.sram_bytes:
         return None
     fits = [p for p in layouts(dec, geo, machine, dtype)
             if _layer_fits(dec, p, machine, dtype, seqs)]
     return min(fits, key=lambda p: (layer_cycles(dec, p, machine, dtype), p.passes, p.forms),
                default=None)
+
+
+def _least_data(dec: Decoder, geo: Geometry, dtype: str, seqs: int = 1) -> int:
+    """The least data of a layer PE over the grid's layouts (one head a pass of the scores;
+    the line forms change code only)."""
+    return min(_layer_data(dec, replace(geo, balanced=b, hp=1), dtype, seqs)
+               for b in (False, True))
 
 
 def layer_cycles(dec: Decoder, geo: Geometry, machine, dtype: str, sites=None) -> int:
@@ -637,8 +642,7 @@ def sram_needed(dec, machine, dtype, exact, sides, seqs: int = 1) -> tuple | Non
     in order of their data, and the first whose data alone exceed the best so far ends it."""
     roomy = replace(machine, sram_bytes=1 << 40)
     best = None
-    data = {g: min(_layer_data(dec, p, dtype, seqs) for p in pass_options(geometry(dec, g)))
-            for g in sides}  # (the line forms change code only)
+    data = {g: _least_data(dec, geometry(dec, g), dtype, seqs) for g in sides}
     for g in sorted(sides, key=lambda g: (data[g], g)):
         if best is not None and data[g] >= best[0]:
             break
