@@ -73,9 +73,9 @@ def scratch_layout(geo, rope: bool, mlp_bytes: int) -> tuple[dict, int]:
 
     mask is live across the append and the scores, so it has its own bytes; rope's cs and rt,
     the append's one-hot and keep and the rest of the attention follow it, each group at the
-    same offset (one group is dead before the next is written). gu is written by the MLP's first product, after the o
-    product has read ao, the last of them: it takes the region from offset 0. The region is
-    as large as the largest of these, not their sum."""
+    same offset (one group is dead before the next is written). gu is written by the MLP's
+    first product, after the o product has read ao, the last of them: it takes the region
+    from offset 0. The region is as large as the largest of these, not their sum."""
     size = scratch_sizes(geo, rope, mlp_bytes)
     offs = {"mask": 0}
     base = _round8(size["mask"])
@@ -95,8 +95,8 @@ def scratch_sizes(geo, rope: bool, mlp_bytes: int) -> dict:
     """{buffer: bytes} of the buffers scratch_layout places (sc: one pass's scores; mask,
     one-hot and keep in bf16)."""
     S, g, D = geo.S, geo.group, geo.D
-    size = dict(mask=S * 2, append=2 * S * 2, sc=S * geo.hpass * 4, mx=g * 4, fold=g * 4, oe=(D + 1) * g * 4,
-                ao=geo.Mq * 4, gu=mlp_bytes)
+    size = dict(mask=S * 2, append=2 * S * 2, sc=S * geo.hpass * 4, mx=g * 4, fold=g * 4,
+                oe=(D + 1) * g * 4, ao=geo.Mq * 4, gu=mlp_bytes)
     if rope:
         size.update(cs=2 * geo.h2 * 4, rt=2 * (g + 1) * geo.h2 * 4)
     return size
@@ -214,9 +214,9 @@ def attend(ctx, layer, qkv) -> None:
                + c.op("mul", S * (D + 1), kvd, MASK) + c.mat(D + 1, 1, S, kvd, "f32", MASK)
                + c.scalar(27))
     if geo.passes == 1:
-        _scores(ctx, qkv, 0)
+        _scores(ctx, qkv, None)
         _softmax(ctx, None)
-        _values(ctx, 0)
+        _values(ctx, None)
     else:
         _passes(ctx, qkv)
     ctx.allreduce(ctx.col, oe, (D + 1) * g, what="values allreduce")

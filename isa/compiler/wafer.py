@@ -224,7 +224,8 @@ def layouts(dec: Decoder, geo: Geometry, machine, dtype: str) -> list:
     two-phase form's roles take about 50 instructions a line kind to set up)."""
     col, row = line_forms(dec, geo, machine, dtype)
     forms = sorted({(col, row), (0, row), (col, 0), (0, 0)})
-    classes = [geo, replace(geo, balanced=True)] if (geo.hd // 2) % geo.s else [geo]
+    balanced = replace(geo, balanced=True)
+    classes = [geo, balanced] if balanced.split else [geo]
     return [replace(p, forms=f) for c in classes for p in pass_options(c) for f in forms]
 
 
@@ -292,10 +293,10 @@ def _layer_code(dec: Decoder, geo: Geometry, machine, dtype: str, seqs: int) -> 
         ctx.rb, ctx.seqs = InstrCount(), seqs
         ctx.cache_regs = (KOFF, VOFF) if seqs > 1 else None
         return ctx
-    code = 0
+    code, sites = 0, layer_sites(mp, machine, dtype)
     for g in geo.variants:
         ctx = dry(g)
-        ctx.share = Shared(layer_sites(mp, machine, dtype))
+        ctx.share = Shared(sites)
         em.position_regs(ctx.rb, Item("layer", 0, geo.C, 1))
         em.loop(ctx, lambda: _layer_body(ctx, dec.layers[0], None, None))
         ctx.rb.halt()
