@@ -25,9 +25,7 @@ from numba.extending import intrinsic
 from wse_emu.emulator.load import Loaded, pipe_ticks_per_wavelet
 from wse_emu.isa.costs import products_by_column
 from wse_emu.isa.spec import (COST_CLASSES, DTYPES, FIXED_CLASSES, INSTRUCTIONS, N_DMA_TAGS, N_DREGS,
-                      SPECIAL_IREGS,
-                      N_FREGS,
-                      SIMD_KEYS, simd_key)
+                      N_FREGS, SIMD_KEYS, SPECIAL_IREGS, simd_key)
 
 # Semantic ids and the mnemonic -> (id, sub-code) table: emulator/core_ops.py (derived from
 # isa/spec.py), imported here for the modules that take the core's constants from this one.
