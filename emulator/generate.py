@@ -110,6 +110,9 @@ class Generator:
         self._run = engine_run(engine)
         self._layer_of_pe = self._pe_layers(info)
         self._timed_parts = self._parts_in_series(program)
+        # called as a run goes on, (cycle reached, instructions run), about every 0.5 s of
+        # host time: a progress display inside a long step (the CLI's bar)
+        self.on_cycles = None
         self.n_past = 0  # one sequence: its cached positions
         self.positions = np.zeros(self.sequences, dtype=np.int64)  # every sequence's
         self.last_result = None
@@ -185,7 +188,7 @@ class Generator:
                                 f"(0..{self.vocab - 1})")
         write_input(self.loaded, "input_ids", ids.astype(np.int32))
         write_input(self.loaded, "position_ids", pos.astype(np.int32))
-        result = self._run(self.loaded, progress=_ignore)
+        result = self._run(self.loaded, progress=self.on_cycles or _ignore)
         if result.outcome != RUN_HALTED:
             raise LoadError(f"run for positions {pos.tolist()} did not finish: "
                             f"{result.outcome_name} at cycle {result.cycles}")
@@ -216,7 +219,7 @@ class Generator:
         write_input(self.loaded, "position_ids", np.array([self.n_past], dtype=np.int32))
         # the callback makes the core return to Python every fraction of a second, where a
         # Ctrl-C (KeyboardInterrupt) is delivered
-        result = self._run(self.loaded, progress=_ignore)
+        result = self._run(self.loaded, progress=self.on_cycles or _ignore)
         if result.outcome != RUN_HALTED:
             raise LoadError(f"run for position {self.n_past} did not finish: "
                             f"{result.outcome_name} at cycle {result.cycles}")

@@ -638,12 +638,19 @@ def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timin
     machine = resolve_machine(program, machine_name, binary)
     show = chatty(as_json)
     with numba_notice(show):
-        gen = Generator(program, machine, base_dir=base_dir_of(binary),
-                        engine="reference" if reference else "core", timing_only=timing_only)
+        if show:  # (a full-size program takes seconds to load: Llama-3-70B on wse3x4 16 s)
+            show_status(f"  loading {program.name} on {machine.name} ...")
+        try:
+            gen = Generator(program, machine, base_dir=base_dir_of(binary),
+                            engine="reference" if reference else "core",
+                            timing_only=timing_only)
+        finally:
+            clear_status()
         for p in prompts or [[]]:
             gen.check_capacity(len(p), tokens, position)
         longest = max((len(p) for p in prompts), default=0)
         bar = Bar((longest if position is None else 1) + tokens - 1, "emulated runs", show)
+        gen.on_cycles = _step_progress(bar, gen.predicted_cycles()) if show else None
         try:
             res = gen.generate(prompts if compiled > 1 else ids, tokens,
                                decode_token=decode_token, position=position, on_step=bar.step)
@@ -680,6 +687,21 @@ def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timin
                "PEs)")
     for part, c in res.per_layer.items():
         click.echo(f"  {part:<12}  {c['compute']:>12,} {c['fabric']:>12,} {c['stall']:>10,}")
+
+
+def _step_progress(bar, predicted: int):
+    """generate's progress inside a run (a step of Llama-3-70B takes minutes of host time): the
+    cycle the run has reached, beside the compiler's predicted cycles of a step."""
+    of = f" of ~{predicted:,} predicted" if predicted else ""
+    reached = [-1, 0]  # (run, the latest cycle shown for it): a woken PE's clock may be a
+    # little behind the loop's earliest clock before, and the bar should not step back
+
+    def within(cycles: int, instructions: int) -> None:
+        if reached[0] != bar.done:
+            reached[:] = [bar.done, 0]
+        reached[1] = max(reached[1], cycles)
+        bar.step(bar.done, f"(run {bar.done + 1} at cycle {reached[1]:,}{of})")
+    return within
 
 
 def _print_host(res) -> None:

@@ -99,3 +99,23 @@ def test_a_functional_program_runs_timing_only_in_the_same_cycles(wse, tmp_path)
     assert [r["mode"] for r in runs] == ["functional", "timing-only"]
     for key in ("cycles", "instructions", "pe_cycles", "fabric", "classes"):
         assert runs[0][key] == runs[1][key], key
+
+
+def test_generate_s_bar_shows_the_cycle_a_step_has_reached(capsys):
+    """On a terminal, generate's bar says how far the current run has come (a Llama-3-70B step
+    takes minutes of host time), against the cycles the compiler predicted for a step."""
+    from wse_emu.emulator.apps.cli import _step_progress
+    from wse_emu.emulator.apps.progress import Bar
+
+    bar = Bar(2, "emulated runs", True)
+    _step_progress(bar, 5_000)(1_234, 99)
+    err = capsys.readouterr().err
+    assert "0/2 emulated runs" in err and "(run 1 at cycle 1,234 of ~5,000 predicted)" in err
+    within = _step_progress(bar, 5_000)
+    within(1_500, 120)
+    within(1_490, 121)  # a woken PE behind the loop's clock before: the bar stays at 1,500
+    assert "(run 1 at cycle 1,500 of" in capsys.readouterr().err.rsplit("\r", 1)[-1]
+    bar.step()
+    _step_progress(bar, 0)(77, 1)  # no prediction: the cycle alone
+    err = capsys.readouterr().err
+    assert "1/2 emulated runs" in err and "(run 2 at cycle 77)" in err and "predicted" not in err

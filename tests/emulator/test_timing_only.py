@@ -396,6 +396,32 @@ def test_timing_only_generate_feeds_a_given_token(tiny_models):
     assert Generator(full, machine).generate([3], 1).mode == "functional"
 
 
+def test_generate_reports_a_run_s_progress_while_it_goes(tiny_models, monkeypatch):
+    """Generator.on_cycles is called from inside a run (the CLI's bar within a long step),
+    with the cycles reached so far, rising, and changes nothing the run gives."""
+    from wse_emu.emulator import core
+
+    machine = load_machine("test64")
+    shape, _ = compile_model(tiny_models["gpt2"], machine, max_context=16, shape_only=True)
+    plain = Generator(shape, machine, timing_only=True).generate([3], 2)
+    monkeypatch.setattr(core, "PROGRESS_SECONDS", 0.0)
+    monkeypatch.setattr(core, "SLICE_SECONDS", 0.0)
+    monkeypatch.setattr(core, "FIRST_BUDGET", 16)
+    monkeypatch.setattr(core, "MIN_BUDGET", 16)
+    g = Generator(shape, machine, timing_only=True)
+    calls = []
+    g.on_cycles = lambda cycles, instructions: calls.append((cycles, instructions))
+    watched = g.generate([3], 2)
+    assert watched.cycles_per_token == plain.cycles_per_token
+    assert watched.prefill_cycles == plain.prefill_cycles
+    assert len(calls) > 4
+    cycles = [c for c, _ in calls]
+    # the earliest clock the loop has not passed (a woken PE may be pushed a little behind the
+    # one before): never beyond the run's end, and it gets there
+    longest = max(plain.prefill_cycles, *plain.cycles_per_token)
+    assert 0 <= min(cycles) and max(cycles) <= longest and max(cycles) > longest // 2
+
+
 def test_the_sram_snapshot_puts_back_exactly_what_was_there():
     from wse_emu.emulator.load import PAGE, PageSnapshot
 
