@@ -576,7 +576,9 @@ def _refusal(dec, machine, dtype, exact, biases, sides, name, seqs: int = 1) -> 
     max_context that would fit (with seqs KV caches a layer)."""
     fitting = [g for g in sides if _fitted(dec, geometry(dec, g), machine, dtype, seqs)]
     caches = f" with {seqs} sequences' KV caches" if seqs > 1 else ""
-    fit = _fitting_context(dec, machine, dtype, exact, biases, sides, seqs)
+    # (a binary search over the context on every grid: seconds for a 70B model, and not what
+    # a model too big for a system's wafers is told, below)
+    fit = _fitting_context(dec, machine, dtype, exact, biases, sides, seqs) if seqs > 1 else None
     if seqs > 1 and fit:  # the caches are what does not fit: a shorter context first
         return (f"max_context {dec.max_context}{caches} does not fit machine "
                 f"'{machine.name}' ({machine.width} x {machine.height} PEs, "
@@ -611,6 +613,8 @@ def _refusal(dec, machine, dtype, exact, biases, sides, name, seqs: int = 1) -> 
                         f"'{machine.name}' is {machine.width} x {machine.height} "
                         f"({machine.pes:,} PEs); it would fit {chips} such wafers, its layers "
                         f"split between them{short}")
+    if fit is None:
+        fit = _fitting_context(dec, machine, dtype, exact, biases, sides, seqs)
     if fit:
         return (f"max_context {dec.max_context}{caches} does not fit machine "
                 f"'{machine.name}' ({machine.width} x {machine.height} PEs, "
