@@ -459,7 +459,17 @@ def run_case(case: Case, machine, dtype: str, program, position: int, figures: M
         return
     t1 = time.perf_counter()
     case.host["load_seconds"] = t1 - t0
-    tick(f"decode step at position {position}")
+    step = f"decode step at position {position}"
+    tick(step)
+    predicted = gen.predicted_cycles()
+    of = f" of ~{predicted:,}" if predicted else ""
+    reached = [0]  # (the latest shown: a woken PE may be a little behind the loop's clock)
+
+    def within(cycles: int, _instructions: int) -> None:
+        # a Llama-3-70B step takes a minute and a half of host time: the cycle it has reached
+        reached[0] = max(reached[0], cycles)
+        tick(f"cycle {reached[0]:,}{of} (position {position})", transient=True)
+    gen.on_cycles = within
     try:
         gen.reset()
         gen.n_past = position  # see the module docstring: cycles do not depend on the cache
@@ -543,7 +553,7 @@ def run_model(spec: ModelSpec, machines, dtype: str, max_context: int | None,
             else:
                 tick.show(case, f"loading (max_context {case.max_context})")
                 run_case(case, m, dtype, program, pos, figures,
-                         lambda what, c=case: tick.show(c, what))
+                         lambda what, transient=False, c=case: tick.show(c, what, transient))
                 del program
                 case.host["peak_rss_bytes"] = max(case.host["peak_rss_bytes"], peak_rss_bytes())
         tick.advance()
@@ -568,7 +578,9 @@ def run_suite(models, machines, dtype: str = "bf16", max_context: int | None = N
 
     models: built-in names or HF config.json paths; machines: preset names, files or Machine
     objects (systems NAMExN too); sequences: B or a list of B. progress(done, total, label) is
-    called as the cases advance (a progress bar)."""
+    called as the cases advance (a progress bar), and progress(done, total, label, True) as a
+    step goes on (its label the cycle reached, about every 0.5 s: a terminal's bar redraws it,
+    a log need not print it)."""
     from wse_emu.isa.machine import load_machine
 
     if dtype not in DTYPE_BYTES:
@@ -627,9 +639,14 @@ class _Ticker:
     def __init__(self, progress, total: int):
         self.progress, self.total, self.done = progress, total, 0
 
-    def show(self, case: Case, what: str) -> None:
-        if self.progress:
-            self.progress(self.done, self.total, f"{case.model} on {case.machine}: {what}")
+    def show(self, case: Case, what: str, transient: bool = False) -> None:
+        if not self.progress:
+            return
+        label = f"{case.model} on {case.machine}: {what}"
+        if transient:
+            self.progress(self.done, self.total, label, True)
+        else:
+            self.progress(self.done, self.total, label)
 
     def advance(self) -> None:
         self.done += 1

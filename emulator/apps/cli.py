@@ -763,10 +763,11 @@ def bench_progress():
     """Progress of `wse-emu bench` on stderr: a bar on a terminal, a line a phase otherwise."""
     t0, tty, last = time.perf_counter(), sys.stderr.isatty(), [""]
 
-    def show(done: int, total: int, label: str) -> None:
-        if not label and not tty:
+    def show(done: int, total: int, label: str, transient: bool = False) -> None:
+        # transient: the cycle a step has reached, redrawn on a terminal, not a log line
+        if (not label or transient) and not tty:
             return
-        last[0] = label or last[0]
+        last[0] = label or last[0]  # (a transient label too: the next one replaces it)
         elapsed = time.perf_counter() - t0
         if tty:
             filled = 24 * done // max(total, 1)

@@ -305,3 +305,30 @@ def test_the_comparison_says_a_step_when_a_step_carries_several_sequences():
         (line,) = compare(cases, machines)
         assert f"from HBM every {word} " in line and f"of link traffic a {word} " in line
         assert ("every token" in line) == (b == 1)
+
+
+def test_a_step_s_progress_is_drawn_on_a_terminal_only(tmp_path, monkeypatch, capsys):
+    """run_suite reports the cycle a step has reached as a transient label (a Llama-3-70B step
+    takes a minute and a half); bench's progress draws it on a terminal and never logs it."""
+    from wse_emu.apps.benchsuite import run_suite
+    from wse_emu.apps.cli import bench_progress
+    from wse_emu.emulator import core
+
+    (tmp_path / "gpt2-tiny.json").write_text(json.dumps(GPT2))
+    monkeypatch.setattr(core, "PROGRESS_SECONDS", 0.0)
+    monkeypatch.setattr(core, "SLICE_SECONDS", 0.0)
+    monkeypatch.setattr(core, "FIRST_BUDGET", 16)
+    monkeypatch.setattr(core, "MIN_BUDGET", 16)
+    calls = []
+    suite = run_suite([str(tmp_path / "gpt2-tiny.json")], [MESH],
+                      progress=lambda *a: calls.append(a))
+    steps = [a for a in calls if len(a) == 4]
+    assert steps and all(a[3] is True and "gpt2-tiny on wse3: cycle " in a[2] for a in steps)
+    cycles = suite["cases"][0]["figures"]["cycles_per_token"]
+    assert all(int(a[2].split("cycle ")[1].split()[0].replace(",", "")) <= cycles for a in steps)
+    assert all(len(a) == 3 for a in calls if "cycle " not in a[2])  # phases: as before
+    show = bench_progress()  # (stderr is not a terminal here: a line a phase)
+    show(1, 4, "gpt2-tiny on wse3: compiling")
+    show(1, 4, "gpt2-tiny on wse3: cycle 120 of ~300 (position 15)", True)
+    err = capsys.readouterr().err
+    assert "compiling" in err and "cycle 120" not in err
