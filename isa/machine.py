@@ -140,12 +140,27 @@ def load_machine(name_or_path: str) -> Machine:
     match = _SYSTEM.match(name_or_path)
     if match and not Path(name_or_path).is_file() and \
             not (PRESET_DIR / f"{name_or_path}.toml").is_file():
+        base, n = match.group(1), int(match.group(2))
         try:
-            chip = load_chip(match.group(1))
+            chip = load_chip(base)
         except MachineError as e:
-            raise MachineError(f"{name_or_path}: a system of {match.group(1)!r}, but {e}") from None
-        return system_of(chip, int(match.group(2)), name_or_path)
+            inner = _SYSTEM.match(base)
+            if inner is not None and _loads(base):  # wse3x4x2: a system of systems
+                total = int(inner.group(2)) * n
+                say = (f"a system of {total} {inner.group(1)} chips is {inner.group(1)}x{total}"
+                       if total <= MAX_CHIPS else f"a system has at most {MAX_CHIPS} chips")
+                raise MachineError(f"{name_or_path}: {base} is already a system; {say}") from None
+            raise MachineError(f"{name_or_path}: a system of {base!r}, but {e}") from None
+        return system_of(chip, n, name_or_path)
     return load_chip(name_or_path)
+
+
+def _loads(name: str) -> bool:
+    try:
+        load_machine(name)
+    except MachineError:
+        return False
+    return True
 
 
 def system_of(chip: Machine, n: int, name: str | None = None) -> Machine:

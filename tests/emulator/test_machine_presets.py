@@ -90,7 +90,11 @@ def test_systems_by_name():
 
 
 @pytest.mark.parametrize("name, words", [("wse3x0", "1 to 64 chips"), ("wse3x65", "1 to 64"),
-                                         ("nopex2", "a system of 'nope'")])
+                                         ("nopex2", "a system of 'nope'"),
+                                         ("wse3x4x2", "wse3x4 is already a system; a system "
+                                                      "of 8 wse3 chips is wse3x8"),
+                                         ("wse3x40x2", "a system has at most 64 chips"),
+                                         ("nopex4x2", "a system of 'nopex4', but unknown")])
 def test_bad_systems_are_one_line(name, words):
     with pytest.raises(MachineError, match=words):
         load_machine(name)
