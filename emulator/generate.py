@@ -244,25 +244,9 @@ class Generator:
         return int(np.prod(next(s.shape for s in self.program.symbols if s.name == "logits")))
 
     def check_capacity(self, n_prompt: int, n: int, position: int | None = None) -> None:
-        """LoadError before anything runs when the KV cache cannot hold the whole request:
-        the prompt's positions and the n - 1 fed back (or, from `position`, n steps)."""
-        first = n_prompt if position is None else position + 1
-        last = first + n - 1  # positions the cache holds after the last run
-        if last > self.max_context:
-            start = (f"a prompt of {n_prompt}" if position is None
-                     else f"position {position}")
-            room = self.max_context - first + 1  # tokens that would still fit
-            if room >= 1:
-                fix = f"ask for at most {room} token{'s' if room > 1 else ''}"
-            elif n >= self.max_context:
-                fix = "ask for fewer tokens"
-            elif position is not None:
-                fix = f"start at position {self.max_context - n} at most"
-            else:
-                fix = f"give a prompt of at most {self.max_context - n + 1} tokens"
-            raise LoadError(f"{start} and {n} tokens need {last} cached positions, but the "
-                            f"program was compiled with max_context {self.max_context}: "
-                            f"{fix}, or compile with a larger --max-context")
+        """LoadError before anything runs when the KV cache cannot hold the whole request
+        (check_capacity, below)."""
+        check_capacity(self.max_context, n_prompt, n, position)
 
     def generate(self, prompt_ids, n: int, decode_token: int | None = None,
                  position: int | None = None, on_step=None) -> GenerateResult:
@@ -483,3 +467,26 @@ class Generator:
             pes = self._layer_of_pe == layer
             v = np.array([r.busy[pes].sum(), r.recv_stall[pes].sum(), r.bp_stall[pes].sum()])
             totals[int(layer)] = totals.get(int(layer), 0) + v
+
+
+def check_capacity(max_context: int, n_prompt: int, n: int, position: int | None = None) -> None:
+    """LoadError when a KV cache of max_context positions cannot hold the whole request: the
+    prompt's positions and the n - 1 fed back (or, from `position`, n steps). The CLI asks
+    before loading a program too (Llama-3-70B's load takes seconds)."""
+    first = n_prompt if position is None else position + 1
+    last = first + n - 1  # positions the cache holds after the last run
+    if last > max_context:
+        start = (f"a prompt of {n_prompt}" if position is None
+                 else f"position {position}")
+        room = max_context - first + 1  # tokens that would still fit
+        if room >= 1:
+            fix = f"ask for at most {room} token{'s' if room > 1 else ''}"
+        elif n >= max_context:
+            fix = "ask for fewer tokens"
+        elif position is not None:
+            fix = f"start at position {max_context - n} at most"
+        else:
+            fix = f"give a prompt of at most {max_context - n + 1} tokens"
+        raise LoadError(f"{start} and {n} tokens need {last} cached positions, but the "
+                        f"program was compiled with max_context {max_context}: "
+                        f"{fix}, or compile with a larger --max-context")

@@ -607,7 +607,7 @@ def parse_ids(text: str, what: str) -> list[int]:
 def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timing_only,
              decode_token, position, sequences):
     """Greedy generation with a compiled decoder, one emulated decode step per token."""
-    from wse_emu.emulator.generate import Generator
+    from wse_emu.emulator.generate import Generator, check_capacity
     from wse_emu.emulator.load import base_dir_of, check_runnable
     from wse_emu.apps.progress import Bar
     from wse_emu.isa.binfmt import read_program
@@ -636,9 +636,13 @@ def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timin
                         f"sequence{'s' if compiled > 1 else ''}: give it once (every sequence "
                         f"starts from it) or once a sequence")
     machine = resolve_machine(program, machine_name, binary)
+    context = (program.meta.get("compiler") or {}).get("max_context")
+    if context is not None:  # before the load (Llama-3-70B's takes seconds); Generator's again
+        for p in prompts or [[]]:
+            check_capacity(int(context), len(p), tokens, position)
     show = chatty(as_json)
     with numba_notice(show):
-        if show:  # (a full-size program takes seconds to load: Llama-3-70B on wse3x4 16 s)
+        if show:  # (a full-size program takes seconds to load: Llama-3-70B on wse3x4 10 s)
             show_status(f"  loading {program.name} on {machine.name} ...")
         try:
             gen = Generator(program, machine, base_dir=base_dir_of(binary),

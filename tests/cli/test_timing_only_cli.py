@@ -119,3 +119,22 @@ def test_generate_s_bar_shows_the_cycle_a_step_has_reached(capsys):
     _step_progress(bar, 0)(77, 1)  # no prediction: the cycle alone
     err = capsys.readouterr().err
     assert "1/2 emulated runs" in err and "(run 2 at cycle 77)" in err and "predicted" not in err
+
+
+def test_a_position_past_the_context_is_refused_before_the_load(cli, user_error, shape_bin,
+                                                                monkeypatch):
+    """generate checks the request against the compiled max_context before it loads the
+    program (a full-size load takes seconds), with the same line the Generator gives."""
+    from wse_emu.emulator import generate
+
+    if not (shape_bin / "m.bin").exists():
+        cli("compile", "m", "--shape-only", "--max-context", "16", "--machine", "test64",
+            "-o", "m.bin", cwd=shape_bin)
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("loaded the program before checking its context")
+    monkeypatch.setattr(generate.Generator, "__init__", no_load)
+    out = cli("generate", "m.bin", "--timing-only", "--position", "20", "--tokens", "1",
+              cwd=shape_bin)
+    user_error(out, "position 20 and 1 tokens need 21 cached positions, but the program was "
+                    "compiled with max_context 16: start at position 15 at most")
