@@ -58,6 +58,7 @@ bytes (the compiler's tensor-parallel share, meta "weight_hbm_bytes") over one G
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import platform
@@ -578,9 +579,9 @@ def run_suite(models, machines, dtype: str = "bf16", max_context: int | None = N
 
     models: built-in names or HF config.json paths; machines: preset names, files or Machine
     objects (systems NAMExN too); sequences: B or a list of B. progress(done, total, label) is
-    called as the cases advance (a progress bar), and progress(done, total, label, True) as a
-    step goes on (its label the cycle reached, about every 0.5 s: a terminal's bar redraws it,
-    a log need not print it)."""
+    called as the cases advance (a progress bar), and, if it takes a fourth argument,
+    progress(done, total, label, True) as a step goes on (its label the cycle reached, about
+    every 0.5 s: a terminal's bar redraws it, a log need not print it)."""
     from wse_emu.isa.machine import load_machine
 
     if dtype not in DTYPE_BYTES:
@@ -638,20 +639,33 @@ class _Ticker:
 
     def __init__(self, progress, total: int):
         self.progress, self.total, self.done = progress, total, 0
+        # a callback of three parameters (done, total, label) is not given transient labels
+        self.transient = progress is not None and _takes(progress, 4)
 
     def show(self, case: Case, what: str, transient: bool = False) -> None:
         if not self.progress:
             return
         label = f"{case.model} on {case.machine}: {what}"
-        if transient:
-            self.progress(self.done, self.total, label, True)
-        else:
+        if not transient:
             self.progress(self.done, self.total, label)
+        elif self.transient:
+            self.progress(self.done, self.total, label, True)
 
     def advance(self) -> None:
         self.done += 1
         if self.progress:
             self.progress(self.done, self.total, "")
+
+
+def _takes(fn, n: int) -> bool:
+    """Whether fn can be called with n positional arguments."""
+    try:
+        inspect.signature(fn).bind(*range(n))
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read (some builtins): the three of old
+        return n == 3
+    return True
 
 
 def _cpus() -> int:

@@ -327,6 +327,11 @@ def test_a_step_s_progress_is_drawn_on_a_terminal_only(tmp_path, monkeypatch, ca
     cycles = suite["cases"][0]["figures"]["cycles_per_token"]
     assert all(int(a[2].split("cycle ")[1].split()[0].replace(",", "")) <= cycles for a in steps)
     assert all(len(a) == 3 for a in calls if "cycle " not in a[2])  # phases: as before
+    # a callback of three parameters, as before transient labels, gets only the phases
+    three = []
+    run_suite([str(tmp_path / "gpt2-tiny.json")], [MESH],
+              progress=lambda done, total, label: three.append(label))
+    assert three and not any("cycle " in label for label in three)
     show = bench_progress()  # (stderr is not a terminal here: a line a phase)
     show(1, 4, "gpt2-tiny on wse3: compiling")
     show(1, 4, "gpt2-tiny on wse3: cycle 120 of ~300 (position 15)", True)
