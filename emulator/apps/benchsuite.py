@@ -449,6 +449,7 @@ def measure(case: Case, figures: ModelFigures, machine, dtype: str, result,
 def run_case(case: Case, machine, dtype: str, program, position: int, figures: ModelFigures,
              tick) -> None:
     """Load `program` timing-only and run one decode step at `position` into `case`."""
+    from wse_emu.apps.progress import Reached
     from wse_emu.emulator.generate import Generator
     from wse_emu.emulator.load import LoadError
 
@@ -464,12 +465,11 @@ def run_case(case: Case, machine, dtype: str, program, position: int, figures: M
     tick(step)
     predicted = gen.predicted_cycles()
     of = f" of ~{predicted:,}" if predicted else ""
-    reached = [0]  # (the latest shown: a woken PE may be a little behind the loop's clock)
+    reached = Reached()
 
     def within(cycles: int, _instructions: int) -> None:
         # a Llama-3-70B step takes a minute and a half of host time: the cycle it has reached
-        reached[0] = max(reached[0], cycles)
-        tick(f"cycle {reached[0]:,}{of} (position {position})", transient=True)
+        tick(f"cycle {reached(cycles):,}{of} (position {position})", transient=True)
     gen.on_cycles = within
     try:
         gen.reset()
@@ -661,10 +661,8 @@ def _takes(fn, n: int) -> bool:
     """Whether fn can be called with n positional arguments."""
     try:
         inspect.signature(fn).bind(*range(n))
-    except TypeError:
+    except (TypeError, ValueError):  # (ValueError: no signature to read)
         return False
-    except ValueError:  # no signature to read (some builtins): the three of old
-        return n == 3
     return True
 
 

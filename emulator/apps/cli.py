@@ -380,10 +380,13 @@ def run_progress(show: bool, max_cycles: int | None = None):
     """The progress callback of a run. It is passed even when nothing is shown: the core then
     returns to Python every fraction of a second, where Ctrl-C is delivered. With --max-cycles
     the total is known, so it draws a bar."""
-    t0 = time.perf_counter()
+    from wse_emu.apps.progress import Reached
+
+    t0, reached = time.perf_counter(), Reached()
 
     def progress(cycles: int, instructions: int) -> None:
         if show:
+            cycles = reached(cycles)
             dt = time.perf_counter() - t0
             bar = ""
             if max_cycles:
@@ -637,7 +640,7 @@ def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timin
                         f"starts from it) or once a sequence")
     machine = resolve_machine(program, machine_name, binary)
     context = (program.meta.get("compiler") or {}).get("max_context")
-    if context is not None:  # before the load (Llama-3-70B's takes seconds); Generator's again
+    if context is not None:  # before the load (Llama-3-70B's takes seconds)
         for p in prompts or [[]]:
             check_capacity(int(context), len(p), tokens, position)
     show = chatty(as_json)
@@ -650,8 +653,6 @@ def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timin
                             timing_only=timing_only)
         finally:
             clear_status()
-        for p in prompts or [[]]:
-            gen.check_capacity(len(p), tokens, position)
         longest = max((len(p) for p in prompts), default=0)
         bar = Bar((longest if position is None else 1) + tokens - 1, "emulated runs", show)
         gen.on_cycles = _step_progress(bar, gen.predicted_cycles()) if show else None
@@ -696,15 +697,13 @@ def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timin
 def _step_progress(bar, predicted: int):
     """generate's progress inside a run (a step of Llama-3-70B takes minutes of host time): the
     cycle the run has reached, beside the compiler's predicted cycles of a step."""
+    from wse_emu.apps.progress import Reached
+
     of = f" of ~{predicted:,} predicted" if predicted else ""
-    reached = [-1, 0]  # (run, the latest cycle shown for it): a woken PE's clock may be a
-    # little behind the loop's earliest clock before, and the bar should not step back
+    reached = Reached()
 
     def within(cycles: int, instructions: int) -> None:
-        if reached[0] != bar.done:
-            reached[:] = [bar.done, 0]
-        reached[1] = max(reached[1], cycles)
-        bar.step(bar.done, f"(run {bar.done + 1} at cycle {reached[1]:,}{of})")
+        bar.step(bar.done, f"(run {bar.done + 1} at cycle {reached(cycles, bar.done):,}{of})")
     return within
 
 

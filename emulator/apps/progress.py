@@ -66,3 +66,18 @@ class Bar:
             sys.stderr.write("\r" + " " * 110 + "\r")
             sys.stderr.flush()
             self.drawn = False
+
+
+class Reached:
+    """The cycle a run's progress display shows: the highest the core has reported in this run.
+    The core reports the loop's earliest clock, which steps back a little when a PE is woken
+    behind it; a display should not. `run` tells runs apart (a new one starts again at 0)."""
+
+    def __init__(self):
+        self.run, self.cycles = None, 0
+
+    def __call__(self, cycles: int, run: int = 0) -> int:
+        if run != self.run:
+            self.run, self.cycles = run, 0
+        self.cycles = max(self.cycles, cycles)
+        return self.cycles
