@@ -38,9 +38,9 @@ from wse_emu.emulator.core_sched import (NO_DEADLINE, R_CLOCK_LIMIT, R_CONTINUE,
                                          cycle_counter, run_slice)
 from wse_emu.emulator.core_state import (
     CT_OUT, CT_STOP, H_BUSY, HBM_TICKS, K_FAULT_PE, K_FAULT_REASON, K_HBM_READ, K_HBM_WRITE,
-    K_HEAP_N, K_HOPS, K_INSTR_TOTAL, K_MESSAGES, K_OUTCOME, K_QUEUED, K_TRACE_N, K_VISITS,
-    K_WAVELETS, J_FREE, J_STATE, MP_ASYNC, MP_PE_BITS, N_CT, N_JOB_COLS, P_CLOCK, State,
-    job_descriptors, max_clock, result_columns, C_A, C_B, P_CODE0, P_PC, descriptor)
+    K_HEAP_N, K_HOPS, K_INSTR_TOTAL, K_MESSAGES, K_OUTCOME, K_QUEUED, K_TRACE_N, K_WAVELETS,
+    J_FREE, J_STATE, MP_ASYNC, MP_PE_BITS, N_CT, N_JOB_COLS, P_CLOCK, State, job_descriptors,
+    max_clock, result_columns, C_A, C_B, P_CODE0, P_PC, descriptor)
 from wse_emu.emulator.core_undo import restore_sram
 from wse_emu.emulator.host_clock import HostClock
 from wse_emu.emulator.load import Loaded, PageSnapshot, hbm_chip_detail
@@ -325,8 +325,7 @@ def _result(state: State, max_cycles: int | None) -> RunResult:
         trace=[tuple(row) for row in state.trace[:n_trace].tolist()],
         hbm_read_bytes=int(k[K_HBM_READ]), hbm_write_bytes=int(k[K_HBM_WRITE]),
         dma_stall=i64[5, :n], hbm_channel_busy=-(-state.hbm_ch[:, H_BUSY] // HBM_TICKS),
-        pipe_wavelets=wavelets[links:].copy(), fault_detail=_fault_detail(state, outcome),
-        visits=int(k[K_VISITS]))
+        pipe_wavelets=wavelets[links:].copy(), fault_detail=_fault_detail(state, outcome))
 
 
 def _fault_detail(state: State, outcome: int) -> str:

@@ -2,16 +2,14 @@
 
 The runnable PE with the smallest (clock, PE index) executes next. Only fabric operations (a
 tensor op with a fabric input or a fabric output) and DMA requests (dmald, dmast: they reserve
-the shared HBM channels) touch state another PE can see, so in the default mode a PE that
-comes first executes its fabric operation and then runs ahead through its local instructions
-up to its next fabric operation: one heap update per fabric operation instead of one per
-instruction, with the same results as the strict order. A fault found while running ahead is
-only reported when its key comes first, so the first fault in (clock, PE) order is the one
-reported. A PE that runs ahead up to a tensor op whose fabric input queue is empty blocks
-there at once (_block_early): its turn would only find the queue empty, and a delivery before
-then wakes it with the same key. In strict mode (MP_STRICT) a PE runs only while it is still
-first, which is the reference interpreter's order instruction by instruction: the driver uses
-it for traces and to replay runs that end in a fault, where PEs that ran ahead would differ.
+the shared HBM channels) touch state another PE can see, so in the
+default mode a PE that comes first executes its fabric operation and then runs ahead through
+its local instructions up to its next fabric operation: one heap update per fabric operation
+instead of one per instruction, with the same results as the strict order. A fault found while
+running ahead is only reported when its key comes first, so the first fault in (clock, PE)
+order is the one reported. In strict mode (MP_STRICT) a PE runs only while it is still first,
+which is the reference interpreter's order instruction by instruction: the driver uses it
+for traces and to replay runs that end in a fault, where PEs that ran ahead would differ.
 
 `run_slice` returns to the driver when the host's cycle counter passes a deadline or after a
 budget of steps (R_CONTINUE: so that Python sees a Ctrl-C and reports progress), or when a pool
@@ -44,21 +42,21 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from wse_emu.emulator.core_exec import (check_operands, elements, exec_desc, exec_dma, exec_dmawait,
-                                         exec_float, exec_int, is_dma, is_fabric, roles)
+from wse_emu.emulator.core_exec import (exec_desc, exec_dma, exec_dmawait, exec_float, exec_int, is_dma,
+                                is_fabric)
 from wse_emu.emulator.core_fabric import heap_pop_top, heap_push, heap_replace_top, still_first
 from wse_emu.emulator.core_jobs import borrowed
 from wse_emu.emulator.core_sram import sram_gate
 from wse_emu.emulator.core_state import (
     C_A, C_B, C_C, C_CLASS, C_COST, C_IH, C_IL, C_IMM, C_SEM, CT_SEEN, K_CLASS0, K_FAULT_PE,
-    K_FAULT_REASON, K_HALTED, K_HEAP_N, K_INSTR_TOTAL, K_OUTCOME, K_VISITS,
+    K_FAULT_REASON, K_HALTED, K_HEAP_N, K_INSTR_TOTAL, K_OUTCOME,
     MAX_KEY_BITS, MP_COLORS, MP_MAX_CYCLES, MP_PE_BITS, MP_STRICT, P_BUSY, P_CLOCK,
-    P_CODE0, P_CODELEN, P_DONE, P_FABRIC, P_FAULT, P_INSTR, P_PC, P_PENDING, P_SRAM0,
-    P_SRAM_LEN, P_STATUS, P_WAIT, Q_QUEUED, S_DESC, T_START, S_DMAWAIT, S_FLOAT, S_MATRIX, S_TENSOR, X_FAULT, X_GROW, X_OK,
+    P_CODE0, P_CODELEN, P_FABRIC, P_FAULT, P_INSTR, P_PC, P_PENDING, P_SRAM0,
+    P_STATUS, S_DESC, S_DMAWAIT, S_FLOAT, S_MATRIX, S_TENSOR, X_FAULT, X_GROW, X_OK,
     X_STOP, d_addr, d_color, d_kind)
 from wse_emu.emulator.core_tensor import matrix_op, tensor_op
 from wse_emu.emulator.result import (F_PC_END, RUN_DEADLOCK, RUN_FAULT, RUN_HALTED, RUN_MAX_CYCLES,
-                             ST_FAULT, ST_HALT, ST_RUN, ST_WAIT_RECV)
+                             ST_FAULT, ST_HALT, ST_RUN)
 from wse_emu.isa.spec import DSD_FABIN, DSD_FABOUT, DSD_MEM
 from wse_emu.kernels.prefetch import prefetch
 
@@ -146,45 +144,6 @@ def _next_is_fabric(p, code, pe):
     at = pe[p, P_CODE0] + pc
     return is_dma(code[at, C_SEM]) or is_fabric(code[at, C_SEM], code[at, C_A], code[at, C_B],
                                                 code[at, C_C], pe[p, P_FABRIC])
-
-
-@njit(cache=True, inline="always")
-def _block_early(p, code, pe, dsd, queue, tree_of, colors):
-    """PE p ran ahead up to a tensor op with a fabric input: if that op would block on an empty
-    input queue, block it now (ST_WAIT_RECV on that color, as tensor_op does) and return True.
-
-    The same run as waiting for its turn: the op would execute when p's key came first, and
-    until then the queue changes only by deliveries, each of which wakes a PE blocked on it
-    (core_fabric.send) and puts it back with the same key. So if something arrives before p's
-    turn, p executes at its turn with the same queue; if nothing does, it blocks there, as it
-    already has. What it saves is a visit (a cold pe row, descriptors and queue, ~0.5 us on a
-    large mesh) that would only find the queue empty: 39 % of the visits of the Llama-3-70B
-    step. Ops that would fault first, an op already under way with nothing left, and ops
-    without a fabric input are left for their turn."""
-    pc = pe[p, P_PC]
-    if pc >= pe[p, P_CODELEN]:
-        return False
-    at = pe[p, P_CODE0] + pc
-    sem = code[at, C_SEM]
-    if sem < S_TENSOR or sem >= S_MATRIX:
-        return False
-    dst, s0, s1 = roles(sem, code[at, C_A], code[at, C_B], code[at, C_C])
-    done = pe[p, P_DONE]
-    if done == 0:  # tensor_op's checks before it looks at a queue
-        if check_operands(sem, dst, s0, s1, dsd, p, pe[p, P_SRAM_LEN]):
-            return False
-        if dst >= 0 and d_kind(dsd, p, dst) == DSD_FABOUT and \
-                tree_of[p * colors + d_color(dsd, p, dst), T_START] < 0:
-            return False
-    if elements(dsd, p, dst if dst >= 0 else s0) - done <= 0:
-        return False
-    for s in (s0, s1):  # in tensor_op's order: the first empty one is the one it waits on
-        if s >= 0 and d_kind(dsd, p, s) == DSD_FABIN:
-            if queue[p * colors + d_color(dsd, p, s), Q_QUEUED] == 0:
-                pe[p, P_STATUS] = ST_WAIT_RECV
-                pe[p, P_WAIT] = d_color(dsd, p, s)
-                return True
-    return False
 
 
 @njit(cache=True, inline="always")
@@ -323,7 +282,6 @@ def run_slice(const, sched, mem, fab, far, budget, deadline):
         if budget <= 0:
             counters[K_HEAP_N] = heap_n
             return R_CONTINUE
-        counters[K_VISITS] += 1
         nwake = 0
         first = True
         while True:
@@ -334,7 +292,6 @@ def run_slice(const, sched, mem, fab, far, budget, deadline):
                     if nwake > 0 or not still_first(heap, heap_n, pe[p, P_CLOCK] << bits | p):
                         break
                 elif _next_is_fabric(p, code, pe):
-                    _block_early(p, code, pe, dsd, fab.queue, fab.tree_of, colors)
                     break
             x, nwake = step(p, const, sched, mem, fab, far, nwake)
             first = False

@@ -276,11 +276,10 @@ N_CT = 56
 # Records: head and length of the free list, records ever used (the rest are fresh zeros).
 # Undo log: entries and uint16 words used.
 # K_QUEUED: wavelets in all input queues (0 at a run's end: the next run need not reset them).
-# K_VISITS: the scheduler's visits (a PE taken from the heap's top), the emulator's own work.
 (K_MESSAGES, K_WAVELETS, K_HOPS, K_POOL_TOP, K_DL_HEAD, K_DL_NFREE, K_DL_USED, K_MSG_HEAD,
  K_MSG_NFREE, K_MSG_USED, K_TRACE_N, K_HEAP_N, K_NEED, K_NEED_AMOUNT, K_OUTCOME, K_FAULT_PE,
  K_FAULT_REASON, K_INSTR_TOTAL, K_UNDO_N, K_UNDO_TOP, K_HBM_READ, K_HBM_WRITE, K_HALTED,
- K_QUEUED, K_VISITS, K_CLASS0) = range(26)
+ K_QUEUED, K_CLASS0) = range(25)
 N_K = K_CLASS0 + len(COST_CLASSES)
 
 # What an executor tells the scheduler: carry on with this PE / it left the runnable set

@@ -77,8 +77,6 @@ class RunResult:
     host_seconds: float = 0.0  # the run's host time, less compile_seconds
     compile_seconds: float = 0.0  # Numba compiling the core's machine code (a kind's first run)
     host_threads: int = 1  # 2 when tile products ran on the core's helper thread
-    # the Numba core's own work: PEs it took from its scheduler's heap (0 from the reference)
-    visits: int = 0
     trace: list = field(default_factory=list)  # (pe, pc, start, end) tuples when tracing
     # off-chip memory (docs/timing-model.md, HBM and DMA): bytes moved by dmald / dmast, per PE
     # cycles spent waiting in dmawait, per HBM channel cycles it was transferring (rounded up)

@@ -221,32 +221,3 @@ def test_pes_woken_by_one_multicast_run_in_clock_and_index_order():
     both(program, "test64")  # and running ahead
     woken = [t[0] for t in a.result.trace if t[1] == 7]  # the receives, as they ran
     assert woken != sorted(woken)  # not simply index order: their clocks differ
-
-
-def test_a_receive_that_would_find_its_queue_empty_blocks_as_the_pe_runs_ahead():
-    """The receiver reaches its receive long before the sender sends: it blocks as it runs
-    ahead (core_sched._block_early) instead of waiting for its turn only to find the queue
-    empty, so the run costs the scheduler 4 visits (sender: up to its send, the send;
-    receiver: up to its receive, the receive) instead of 5, with the reference's results."""
-    pb = ProgramBuilder("early-block")
-    pb.route(0, 0, 1, 1, 0, rx="RAMP", tx="E")
-    pb.route(1, 0, 1, 1, 0, rx="W", tx="RAMP")
-    src = pb.region("src", 0, 0, 1, 1)
-    buf = src.alloc("buf", 16)
-    src.init(buf, "f32", [1.0, 2.0, 3.0, 4.0])
-    for _ in range(30):  # local work: the send comes at cycle ~30
-        src.addi("r1", "r1", 1)
-    src.dmem(0, "f32", buf, 4)
-    src.dfout(1, "f32", 0, 4)
-    src.vmov(1, 0)
-    src.halt()
-    dst = pb.region("dst", 1, 0, 1, 1)
-    out = dst.alloc("out", 16)
-    dst.dmem(0, "f32", out, 4)
-    dst.dfin(1, "f32", 0, 4)
-    dst.vmov(0, 1)
-    dst.halt()
-    ex = both(pb.build())
-    np.testing.assert_array_equal(read(ex, 1, 1, "out", 4), [1.0, 2.0, 3.0, 4.0])
-    assert ex.result.recv_stall[1] > 25  # it did wait for the data
-    assert ex.result.visits == 4
