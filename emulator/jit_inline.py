@@ -7,7 +7,8 @@ untouched one it returns). Its copy deep-copies the callee's blocks one at a tim
 memo of its own, and every block refers to the function's scope, which holds all of its
 variables: so every block copies all the variables again, a cost of blocks x variables. For
 the core's larger executors that made Numba's inlining 35-43 s of run_slice's 88-95 s first
-compile on our 2-core host (bench/README, "The core's first compile").
+compile on our 2-core host (bench/README, "The core's first compile"). Numba's issue #8989
+("Spurious deep copies in inlining", open) reports the same copies.
 
 `install()` makes the copies inside one inline_ir share one memo, so that the scope and the
 variables are copied once for all the blocks. The IR Numba then builds and types is the same:
