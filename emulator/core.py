@@ -33,6 +33,7 @@ import time
 
 import numpy as np
 
+from wse_emu.emulator import jit_inline
 from wse_emu.emulator.core_jobs import await_out, drain, worker
 from wse_emu.emulator.core_sched import (NO_DEADLINE, R_CLOCK_LIMIT, R_CONTINUE, R_DONE, R_GROW,
                                          cycle_counter, run_slice)
@@ -42,7 +43,6 @@ from wse_emu.emulator.core_state import (
     J_FREE, J_STATE, MP_ASYNC, MP_PE_BITS, N_CT, N_JOB_COLS, P_CLOCK, State, job_descriptors,
     max_clock, result_columns, C_A, C_B, P_CODE0, P_PC, descriptor)
 from wse_emu.emulator.core_undo import restore_sram
-from wse_emu.emulator import jit_inline
 from wse_emu.emulator.host_clock import HostClock
 from wse_emu.emulator.load import Loaded, PageSnapshot, hbm_chip_detail
 from wse_emu.emulator.result import F_HBM_CHIP, RUN_FAULT, RUN_MAX_CYCLES, RunResult
@@ -79,7 +79,7 @@ def _drop_stale_cache() -> None:
 
 
 _drop_stale_cache()
-jit_inline.install()  # before anything is compiled: Numba's inlining 35-43 s -> ~6 s
+jit_inline.install()  # before anything is compiled: Numba's inlining 42-54 s -> 6-7 s
 
 
 def run(loaded: Loaded, max_cycles: int | None = None, trace: bool = False,

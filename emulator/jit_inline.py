@@ -6,7 +6,7 @@ level, and Numba copies the callee's IR for every call site it inlines
 untouched one it returns). Its copy deep-copies the callee's blocks one at a time, each with a
 memo of its own, and every block refers to the function's scope, which holds all of its
 variables: so every block copies all the variables again, a cost of blocks x variables. For
-the core's larger executors that made Numba's inlining 35-43 s of run_slice's 88-95 s first
+the core's larger executors that made Numba's inlining 42-54 s of run_slice's 95-108 s first
 compile on our 2-core host (bench/README, "The core's first compile"). Numba's issue #8989
 ("Spurious deep copies in inlining", open) reports the same copies.
 
@@ -14,7 +14,8 @@ compile on our 2-core host (bench/README, "The core's first compile"). Numba's i
 variables are copied once for all the blocks. The IR Numba then builds and types is the same:
 the inliner renames the callee's variables into the caller's scope and re-points each spliced
 block at the caller's scope, so whether the callee's blocks shared a copied scope or had one
-each is not seen after inlining; the core's machine code is the same size with and without it.
+each is not seen after inlining: run_slice's assembly with and without it differs only in the
+random names of byte constants.
 Where this Numba lacks the names patched (they are internals), nothing is patched and
 compiling is only slower. Installed by the core's driver (emulator/core.py) before anything is
 compiled; it changes no machine code, so it is not part of jit_cache's digest.

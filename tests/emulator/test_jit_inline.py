@@ -1,6 +1,9 @@
 """emulator/jit_inline.py: Numba's inliner copies a callee's variables once an inlining, not once
 a block, and what it compiles computes the same."""
 
+import contextlib
+import copy
+
 from numba import njit
 from numba.core import ir
 
@@ -56,22 +59,17 @@ def test_install_patches_this_numba():
     assert icc.copy.memo is None  # no inlining under way
 
 
+@contextlib.contextmanager
 def _unpatched():
-    """Numba's own inliner for a while (a context manager)."""
-    import contextlib
-    import copy
-
+    """Numba's own inliner for a while."""
     from numba.core import inline_closurecall as icc
 
-    @contextlib.contextmanager
-    def ctx():
-        shim, patched = icc.copy, icc.InlineWorker.inline_ir
-        icc.copy, icc.InlineWorker.inline_ir = copy, patched.__wrapped__
-        try:
-            yield
-        finally:
-            icc.copy, icc.InlineWorker.inline_ir = shim, patched
-    return ctx()
+    shim, patched = icc.copy, icc.InlineWorker.inline_ir
+    icc.copy, icc.InlineWorker.inline_ir = copy, patched.__wrapped__
+    try:
+        yield
+    finally:
+        icc.copy, icc.InlineWorker.inline_ir = shim, patched
 
 
 def _three_sites():
