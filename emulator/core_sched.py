@@ -42,8 +42,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from wse_emu.emulator.core_exec import (elements, exec_desc, exec_dma, exec_dmawait, exec_float,
-                                         exec_int, is_dma, is_fabric, roles)
+from wse_emu.emulator.core_exec import (exec_desc, exec_dma, exec_dmawait, exec_float, exec_int, is_dma,
+                                is_fabric)
 from wse_emu.emulator.core_fabric import heap_pop_top, heap_push, heap_replace_top, still_first
 from wse_emu.emulator.core_jobs import borrowed
 from wse_emu.emulator.core_sram import sram_gate
@@ -51,8 +51,8 @@ from wse_emu.emulator.core_state import (
     C_A, C_B, C_C, C_CLASS, C_COST, C_IH, C_IL, C_IMM, C_SEM, CT_SEEN, K_CLASS0, K_FAULT_PE,
     K_FAULT_REASON, K_HALTED, K_HEAP_N, K_INSTR_TOTAL, K_OUTCOME,
     MAX_KEY_BITS, MP_COLORS, MP_MAX_CYCLES, MP_PE_BITS, MP_STRICT, P_BUSY, P_CLOCK,
-    P_CODE0, P_CODELEN, P_DONE, P_FABRIC, P_FAULT, P_INSTR, P_PC, P_PENDING, P_SRAM0,
-    P_STATUS, Q_QUEUED, S_DESC, S_DMAWAIT, S_FLOAT, S_MATRIX, S_TENSOR, X_FAULT, X_GROW, X_OK,
+    P_CODE0, P_CODELEN, P_FABRIC, P_FAULT, P_INSTR, P_PC, P_PENDING, P_SRAM0,
+    P_STATUS, S_DESC, S_DMAWAIT, S_FLOAT, S_MATRIX, S_TENSOR, X_FAULT, X_GROW, X_OK,
     X_STOP, d_addr, d_color, d_kind)
 from wse_emu.emulator.core_tensor import matrix_op, tensor_op
 from wse_emu.emulator.result import (F_PC_END, RUN_DEADLOCK, RUN_FAULT, RUN_HALTED, RUN_MAX_CYCLES,
@@ -144,26 +144,6 @@ def _next_is_fabric(p, code, pe):
     at = pe[p, P_CODE0] + pc
     return is_dma(code[at, C_SEM]) or is_fabric(code[at, C_SEM], code[at, C_A], code[at, C_B],
                                                 code[at, C_C], pe[p, P_FABRIC])
-
-
-@njit(cache=True, inline="always")
-def _blocks(p, code, pe, dsd, queue, colors):
-    """Whether PE p's next instruction is a tensor op that waits for wavelets: a fabric input
-    of it has none queued, and elements remain. Such an op blocks (or faults) whenever it runs,
-    and running it changes nothing another PE sees, so the PE may run it now instead of at its
-    turn (the wavelets that would end the wait wake it then, at the same key)."""
-    pc = pe[p, P_PC]
-    at = pe[p, P_CODE0] + pc
-    sem = code[at, C_SEM]
-    if sem < S_TENSOR or sem >= S_MATRIX:
-        return False
-    dst, s0, s1 = roles(sem, code[at, C_A], code[at, C_B], code[at, C_C])
-    empty = False
-    for r in (s0, s1):
-        if r >= 0 and d_kind(dsd, p, r) == DSD_FABIN and \
-                queue[p * colors + d_color(dsd, p, r), Q_QUEUED] == 0:
-            empty = True
-    return empty and elements(dsd, p, dst if dst >= 0 else s0) - pe[p, P_DONE] > 0
 
 
 @njit(cache=True, inline="always")
@@ -311,9 +291,7 @@ def run_slice(const, sched, mem, fab, far, budget, deadline):
                 if strict:
                     if nwake > 0 or not still_first(heap, heap_n, pe[p, P_CLOCK] << bits | p):
                         break
-                elif _next_is_fabric(p, code, pe) and \
-                        not _blocks(p, code, pe, dsd, fab.queue, colors) and \
-                        (nwake > 0 or not still_first(heap, heap_n, pe[p, P_CLOCK] << bits | p)):
+                elif _next_is_fabric(p, code, pe):
                     break
             x, nwake = step(p, const, sched, mem, fab, far, nwake)
             first = False
