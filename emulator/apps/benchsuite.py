@@ -94,8 +94,8 @@ BUILTIN_MODELS = {
 BUILTIN_MODELS["llama-3-70b"] = dict(BUILTIN_MODELS["llama-3-8b"], hidden_size=8192,
                                      intermediate_size=28672, num_hidden_layers=80,
                                      num_attention_heads=64)
-# Llama-3-70B is opt-in (--models llama-3-70b): it needs a system (wse3x5, h100x8), and its
-# compiles and steps take minutes of host time, too long for the default run
+# Llama-3-70B is opt-in (--models llama-3-70b): it needs a system (4 wafers or more, 2 GPUs or
+# more), and its compiles and steps take minutes of host time, too long for the default run
 OPT_IN_MODELS = ("llama-3-70b",)
 DEFAULT_MODELS = tuple(m for m in BUILTIN_MODELS if m not in OPT_IN_MODELS)
 DEFAULT_MACHINES = ("wse3", "h100")

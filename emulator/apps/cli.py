@@ -789,7 +789,7 @@ def _names(values: tuple[str, ...]) -> list[str]:
 @main.command()
 @click.option("--models", multiple=True, metavar="NAME|CONFIG",
               help="built-in model (gpt2-small, gpt2-medium, gpt2-xl, llama-3-8b; "
-                   "llama-3-70b by name only: it needs a system such as wse3x5 or h100x8) or "
+                   "llama-3-70b by name only: it needs a system such as wse3x4 or h100x8) or "
                    "an HF config.json (file or folder); repeat or separate with commas "
                    "[default: the built-in models but llama-3-70b]")
 @click.option("--machines", multiple=True, metavar="PRESET",
