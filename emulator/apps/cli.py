@@ -689,7 +689,8 @@ def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timin
             click.echo(f"  {part:<24}  {c['predicted']:>10,} {c['emulated']:>10,}")
     _print_ttft(res)
     click.echo("per token       compute / waiting for wavelets / backpressure cycles (summed over "
-               "PEs)")
+               "PEs)\n                (the waits count from the step's start: a later part has "
+               "waited longer for the token to reach it)")
     for part, c in res.per_layer.items():
         click.echo(f"  {part:<12}  {c['compute']:>12,} {c['fabric']:>12,} {c['stall']:>10,}")
 

@@ -100,7 +100,8 @@ def run_demo(machine_name: str = "wse3", tokens: int = 8, show: bool = False) ->
               f"{machine.clock_hz / 1e9:g} GHz, batch 1 "
               f"({sum(res.cycles_per_token) // len(res.cycles_per_token):,} cycles/token)")
         print("per token cycles summed over the PEs of each part: compute / waiting for wavelets "
-              "/ backpressure")
+              "/ backpressure\n          (the waits count from the step's start: a later part "
+              "has waited longer for the token to reach it)")
         for part, cyc in res.per_layer.items():
             print(f"  {part:<10} {cyc['compute']:>12,} {cyc['fabric']:>12,} {cyc['stall']:>10,}")
         print("host      " + host_text(res.host_seconds, res.compile_seconds, what=(
