@@ -11,6 +11,11 @@ order is the one reported. In strict mode (MP_STRICT) a PE runs only while it is
 which is the reference interpreter's order instruction by instruction: the driver uses it
 for traces and to replay runs that end in a fault, where PEs that ran ahead would differ.
 
+A process started with WSE_EMU_COUNT=loop compiles a counting build of the loop
+(core_state.COUNT_LOOP): the cycle counter read around every step and heap update, the ticks
+added per part of the loop (core.loop_profile; docs/contributing.md). The default build
+compiles none of it.
+
 `run_slice` returns to the driver when the host's cycle counter passes a deadline or after a
 budget of steps (R_CONTINUE: so that Python sees a Ctrl-C and reports progress), or when a pool
 must grow (R_GROW); all state stays in the arrays, so it simply re-enters.
@@ -48,7 +53,8 @@ from wse_emu.emulator.core_fabric import heap_pop_top, heap_push, heap_replace_t
 from wse_emu.emulator.core_jobs import borrowed
 from wse_emu.emulator.core_sram import sram_gate
 from wse_emu.emulator.core_state import (
-    C_A, C_B, C_C, C_CLASS, C_COST, C_IH, C_IL, C_IMM, C_SEM, CT_SEEN, K_CLASS0, K_FAULT_PE,
+    C_A, C_B, C_C, C_CLASS, C_COST, C_IH, C_IL, C_IMM, C_SEM, COUNT_LOOP, CT_SEEN, K_CLASS0,
+    K_FAULT_PE, K_LOOP0, K_LOOP_ALL,
     K_FAULT_REASON, K_HALTED, K_HEAP_N, K_INSTR_TOTAL, K_OUTCOME,
     MAX_KEY_BITS, MP_COLORS, MP_MAX_CYCLES, MP_PE_BITS, MP_STRICT, P_BUSY, P_CLOCK,
     P_CODE0, P_CODELEN, P_FABRIC, P_FAULT, P_INSTR, P_PC, P_PENDING, P_SRAM0,
@@ -81,6 +87,16 @@ def _read_counter(typingctx):
                                             "llvm.readcyclecounter")
         return builder.call(fn, [])
     return types.int64(), codegen
+
+
+@njit(cache=True)
+def counter_read_ticks(n):
+    """The cycle counter's ticks a read, over n reads in a row (the counting build's own cost)."""
+    t0 = _read_counter()
+    last = t0
+    for _ in range(n):
+        last = _read_counter()
+    return (last - t0) / max(n, 1)
 
 
 @njit(cache=True)
@@ -134,6 +150,13 @@ def step(p, const, sched, mem, fab, far, nwake):
     counters[K_CLASS0 + code[at, C_CLASS]] += 1
     counters[K_INSTR_TOTAL] += 1
     return (X_OK if pe[p, P_STATUS] == ST_RUN else X_STOP), nwake
+
+
+@njit(cache=True, inline="always")
+def _next_sem(p, code, pe):
+    """The semantic id of PE p's next instruction (-1 past its code; the counting build)."""
+    pc = pe[p, P_PC]
+    return code[pe[p, P_CODE0] + pc, C_SEM] if pc < pe[p, P_CODELEN] else -1
 
 
 @njit(cache=True, inline="always")
@@ -284,6 +307,7 @@ def run_slice(const, sched, mem, fab, far, budget, deadline):
             return R_CONTINUE
         nwake = 0
         first = True
+        t_visit = _read_counter() if COUNT_LOOP else 0
         while True:
             if not first:
                 if pe[p, P_CLOCK] > max_cycles:
@@ -293,7 +317,13 @@ def run_slice(const, sched, mem, fab, far, budget, deadline):
                         break
                 elif _next_is_fabric(p, code, pe):
                     break
+            if COUNT_LOOP:
+                part = 0 if first else (1 if _next_sem(p, code, pe) >= S_TENSOR else 2)
+                t0 = _read_counter()
             x, nwake = step(p, const, sched, mem, fab, far, nwake)
+            if COUNT_LOOP:
+                counters[K_LOOP0 + 2 * part] += _read_counter() - t0
+                counters[K_LOOP0 + 2 * part + 1] += 1
             first = False
             if x == X_OK or x == X_STOP:
                 budget -= 1
@@ -304,6 +334,7 @@ def run_slice(const, sched, mem, fab, far, budget, deadline):
         if pe[p, P_CLOCK] > clock_limit:  # (woken PEs' clocks are never later than this one)
             counters[K_HEAP_N] = heap_n
             return R_CLOCK_LIMIT
+        t_heap = _read_counter() if COUNT_LOOP else 0
         if pe[p, P_STATUS] == ST_RUN:
             heap_replace_top(heap, heap_n, pe[p, P_CLOCK] << bits | p)
         else:
@@ -311,6 +342,11 @@ def run_slice(const, sched, mem, fab, far, budget, deadline):
         for i in range(nwake):
             q = sched.wake[i]
             heap_n = heap_push(heap, heap_n, pe[q, P_CLOCK] << bits | q)
+        if COUNT_LOOP:
+            t_end = _read_counter()
+            counters[K_LOOP0 + 6] += t_end - t_heap
+            counters[K_LOOP0 + 7] += 1
+            counters[K_LOOP_ALL] += t_end - t_visit
         if x == X_GROW:
             counters[K_HEAP_N] = heap_n
             return R_GROW

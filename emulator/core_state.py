@@ -12,6 +12,7 @@ from the mnemonics of isa.spec when the code table is decoded (decode_table).
 
 from __future__ import annotations
 
+import os
 import sys
 import weakref
 from collections import namedtuple
@@ -280,7 +281,15 @@ N_CT = 56
  K_MSG_NFREE, K_MSG_USED, K_TRACE_N, K_HEAP_N, K_NEED, K_NEED_AMOUNT, K_OUTCOME, K_FAULT_PE,
  K_FAULT_REASON, K_INSTR_TOTAL, K_UNDO_N, K_UNDO_TOP, K_HBM_READ, K_HBM_WRITE, K_HALTED,
  K_QUEUED, K_CLASS0) = range(25)
-N_K = K_CLASS0 + len(COST_CLASSES)
+# The counting build (WSE_EMU_COUNT=loop, read once at import; emulator/jit_cache.py keeps its
+# machine code apart): run_slice reads the host's cycle counter around every step and every
+# heap update and adds the ticks and counts here, per kind of work (LOOP_PARTS); core.py
+# reports them as RunResult.loop_profile. The default build compiles none of it.
+COUNT_LOOP = "loop" in {f.strip() for f in os.environ.get("WSE_EMU_COUNT", "").split(",")}
+LOOP_PARTS = ("first_step", "tensor_ahead", "scalar_ahead", "heap")  # (ticks, count) each
+K_LOOP0 = K_CLASS0 + len(COST_CLASSES)
+K_LOOP_ALL = K_LOOP0 + 2 * len(LOOP_PARTS)  # ticks of whole visits, heap update included
+N_K = K_LOOP_ALL + 1
 
 # What an executor tells the scheduler: carry on with this PE / it left the runnable set
 # (halted or blocked) / it faulted / something must grow first (nothing was changed).
@@ -631,7 +640,7 @@ class State:
         self.fixed.buffers[name] = array
 
     def class_counts(self) -> np.ndarray:
-        return self.counters[K_CLASS0:].copy()
+        return self.counters[K_CLASS0:K_LOOP0].copy()
 
     def parts(self) -> tuple:
         """(Const, Sched, Mem, Fabric, Far) of the current arrays, what core_sched.run_slice

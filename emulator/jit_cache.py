@@ -34,8 +34,10 @@ def jitted_sources(root: Path = ROOT) -> list[Path]:
 
 def sources_digest(root: Path = ROOT) -> str:
     digest = hashlib.sha256()
-    # the measuring switch of kernels/prefetch.py changes the machine code the sources compile to
+    # the measuring switches (kernels/prefetch.py, core_state.COUNT_LOOP) change the machine
+    # code the sources compile to
     digest.update(os.environ.get("WSE_EMU_WITHOUT", "").encode() + b"\0")
+    digest.update(os.environ.get("WSE_EMU_COUNT", "").encode() + b"\0")
     for path in jitted_sources(root):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")

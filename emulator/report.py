@@ -129,11 +129,24 @@ def summary(loaded: Loaded, result: RunResult) -> dict:
         d["hbm"] = hbm_summary(loaded, result)
     if m.chips > 1:
         d["system"] = system_summary(loaded, result)
+    if result.loop_profile:
+        d["loop_profile"] = result.loop_profile
     problem = problem_line(loaded, result)
     if problem:
         d["problem"] = problem
         d["blocked"] = blocked_lines(loaded, result)
     return d
+
+
+def loop_line(lp: dict) -> str:
+    """The counting build's line (WSE_EMU_COUNT=loop): the loop's parts, count and seconds."""
+    if "counter" in lp:
+        return "loop      counting build, but this host's cycle counter cannot be read"
+    parts = ", ".join(f"{name.replace('_', ' ')} {lp[name]['count']:,} in {lp[name]['seconds']:.3f} s"
+                      for name in ("first_step", "tensor_ahead", "scalar_ahead", "heap"))
+    return (f"loop      {parts}; visits {lp['visits_seconds']:.3f} s in all (counting build: "
+            f"{lp['counter_reads']:,} reads of the cycle counter, up to "
+            f"{lp['read_seconds'] * 1e9:.1f} ns each, one a count within each part's time)")
 
 
 def hbm_summary(loaded: Loaded, result: RunResult) -> dict:
@@ -205,6 +218,8 @@ def text(d: dict) -> str:
         for p in used:
             lines.append(f"          {p['pipe']}: {p['bytes'] / 1e6:,.6f} MB, busy "
                          f"{p['busy_fraction'] * 100:.2f}% of the run")
+    if "loop_profile" in d:
+        lines.append(loop_line(d["loop_profile"]))
     threads = " (tile products on a second thread)" if d["host_threads"] > 1 else ""
     load = (f" (after {d['load_seconds']:.3f} s loading the program)" if "load_seconds" in d
             else "")

@@ -89,6 +89,9 @@ class RunResult:
     pipe_wavelets: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     # what the fault's reason alone does not say (an address, the GPU that owns it), or ""
     fault_detail: str = ""
+    # the counting build's split of the loop's host time (WSE_EMU_COUNT=loop, core_state
+    # COUNT_LOOP; core.loop_profile), else empty
+    loop_profile: dict = field(default_factory=dict)
 
     @property
     def outcome_name(self) -> str:

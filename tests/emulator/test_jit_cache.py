@@ -77,3 +77,21 @@ def test_the_core_stamps_the_folders_numba_caches_it_in():
     cached_in = {Path(core.run_slice._cache._cache_path)}
     assert cached_in <= set(dirs) and len(dirs) >= 2  # the core's folder and the kernels'
     assert all((d / jit_cache.STAMP).read_text() == jit_cache.sources_digest() for d in dirs)
+
+
+def test_the_measuring_switches_keep_their_machine_code_apart(tmp_path, monkeypatch):
+    """WSE_EMU_WITHOUT (kernels/prefetch.py) and WSE_EMU_COUNT (core_state.COUNT_LOOP) change
+    what the sources compile to, so each setting has its own digest and the default build's
+    cache is not reused for a measuring one (nor the other way round)."""
+    root = fake_checkout(tmp_path)
+    monkeypatch.delenv("WSE_EMU_WITHOUT", raising=False)
+    monkeypatch.delenv("WSE_EMU_COUNT", raising=False)
+    plain = jit_cache.sources_digest(root)
+    digests = {plain}
+    for name, value in (("WSE_EMU_WITHOUT", "prefetch"), ("WSE_EMU_COUNT", "loop")):
+        monkeypatch.setenv(name, value)
+        digests.add(jit_cache.sources_digest(root))
+    assert len(digests) == 3
+    monkeypatch.delenv("WSE_EMU_WITHOUT")
+    monkeypatch.delenv("WSE_EMU_COUNT")
+    assert jit_cache.sources_digest(root) == plain
