@@ -40,8 +40,9 @@ from wse_emu.emulator.core_sched import (NO_DEADLINE, R_CLOCK_LIMIT, R_CONTINUE,
 from wse_emu.emulator.core_state import (
     CT_OUT, CT_STOP, H_BUSY, HBM_TICKS, K_FAULT_PE, K_FAULT_REASON, K_HBM_READ, K_HBM_WRITE,
     K_HEAP_N, K_HOPS, K_INSTR_TOTAL, K_MESSAGES, K_OUTCOME, K_QUEUED, K_TRACE_N, K_WAVELETS,
-    COUNT_LOOP, K_LOOP0, K_LOOP_ALL, LOOP_PARTS, J_FREE, J_STATE, MP_ASYNC, MP_PE_BITS, N_CT, N_JOB_COLS, P_CLOCK, State, job_descriptors,
-    max_clock, result_columns, C_A, C_B, P_CODE0, P_PC, descriptor)
+    COUNT_LOOP, K_LOOP0, K_LOOP_ALL, LOOP_PARTS, J_FREE, J_STATE, MP_ASYNC, MP_PE_BITS, N_CT,
+    N_JOB_COLS, P_CLOCK, State, job_descriptors, max_clock, result_columns, C_A, C_B, P_CODE0,
+    P_PC, descriptor)
 from wse_emu.emulator.core_undo import restore_sram
 from wse_emu.emulator.host_clock import HostClock
 from wse_emu.emulator.load import Loaded, PageSnapshot, hbm_chip_detail

@@ -54,7 +54,7 @@ from wse_emu.emulator.core_jobs import borrowed
 from wse_emu.emulator.core_sram import sram_gate
 from wse_emu.emulator.core_state import (
     C_A, C_B, C_C, C_CLASS, C_COST, C_IH, C_IL, C_IMM, C_SEM, COUNT_LOOP, CT_SEEN, K_CLASS0,
-    K_FAULT_PE, K_LOOP0, K_LOOP_ALL,
+    K_FAULT_PE, K_LOOP0, K_LOOP_ALL, LOOP_FIRST, LOOP_HEAP, LOOP_SCALAR, LOOP_TENSOR,
     K_FAULT_REASON, K_HALTED, K_HEAP_N, K_INSTR_TOTAL, K_OUTCOME,
     MAX_KEY_BITS, MP_COLORS, MP_MAX_CYCLES, MP_PE_BITS, MP_STRICT, P_BUSY, P_CLOCK,
     P_CODE0, P_CODELEN, P_FABRIC, P_FAULT, P_INSTR, P_PC, P_PENDING, P_SRAM0,
@@ -318,7 +318,8 @@ def run_slice(const, sched, mem, fab, far, budget, deadline):
                 elif _next_is_fabric(p, code, pe):
                     break
             if COUNT_LOOP:
-                part = 0 if first else (1 if _next_sem(p, code, pe) >= S_TENSOR else 2)
+                part = LOOP_FIRST if first else (
+                    LOOP_TENSOR if _next_sem(p, code, pe) >= S_TENSOR else LOOP_SCALAR)
                 t0 = _read_counter()
             x, nwake = step(p, const, sched, mem, fab, far, nwake)
             if COUNT_LOOP:
@@ -344,8 +345,8 @@ def run_slice(const, sched, mem, fab, far, budget, deadline):
             heap_n = heap_push(heap, heap_n, pe[q, P_CLOCK] << bits | q)
         if COUNT_LOOP:
             t_end = _read_counter()
-            counters[K_LOOP0 + 6] += t_end - t_heap
-            counters[K_LOOP0 + 7] += 1
+            counters[K_LOOP0 + 2 * LOOP_HEAP] += t_end - t_heap
+            counters[K_LOOP0 + 2 * LOOP_HEAP + 1] += 1
             counters[K_LOOP_ALL] += t_end - t_visit
         if x == X_GROW:
             counters[K_HEAP_N] = heap_n

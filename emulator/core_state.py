@@ -24,6 +24,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from wse_emu.emulator.load import Loaded, pipe_ticks_per_wavelet
+from wse_emu.emulator.result import LOOP_PARTS  # (ticks, count) each in the counters
 from wse_emu.isa.costs import products_by_column
 from wse_emu.isa.spec import (COST_CLASSES, DTYPES, FIXED_CLASSES, INSTRUCTIONS, N_DMA_TAGS, N_DREGS,
                       N_FREGS, SIMD_KEYS, SPECIAL_IREGS, simd_key)
@@ -286,7 +287,7 @@ N_CT = 56
 # heap update and adds the ticks and counts here, per kind of work (LOOP_PARTS); core.py
 # reports them as RunResult.loop_profile. The default build compiles none of it.
 COUNT_LOOP = "loop" in {f.strip() for f in os.environ.get("WSE_EMU_COUNT", "").split(",")}
-LOOP_PARTS = ("first_step", "tensor_ahead", "scalar_ahead", "heap")  # (ticks, count) each
+LOOP_FIRST, LOOP_TENSOR, LOOP_SCALAR, LOOP_HEAP = range(len(LOOP_PARTS))
 K_LOOP0 = K_CLASS0 + len(COST_CLASSES)
 K_LOOP_ALL = K_LOOP0 + 2 * len(LOOP_PARTS)  # ticks of whole visits, heap update included
 N_K = K_LOOP_ALL + 1

@@ -11,8 +11,9 @@ import numpy as np
 from wse_emu.emulator.host_clock import host_text
 from wse_emu.emulator.load import (N_PORTS, PIPE_TICKS, Loaded, pipe_name,
                                   pipe_ticks_per_wavelet)
-from wse_emu.emulator.result import (FAULT_REASONS, RUN_DEADLOCK, RUN_FAULT, RUN_HALTED, RUN_MAX_CYCLES,
-                             ST_HALT, ST_WAIT_BP, ST_WAIT_RECV, STATUS_NAMES, RunResult)
+from wse_emu.emulator.result import (FAULT_REASONS, LOOP_PARTS, RUN_DEADLOCK, RUN_FAULT,
+                                    RUN_HALTED, RUN_MAX_CYCLES, ST_HALT, ST_WAIT_BP,
+                                    ST_WAIT_RECV, STATUS_NAMES, RunResult)
 from wse_emu.isa.encoding import format_instr
 from wse_emu.isa.fileio import atomic_write
 from wse_emu.isa.program import DIR_NAMES
@@ -142,8 +143,8 @@ def loop_line(lp: dict) -> str:
     """The counting build's line (WSE_EMU_COUNT=loop): the loop's parts, count and seconds."""
     if "counter" in lp:
         return "loop      counting build, but this host's cycle counter cannot be read"
-    parts = ", ".join(f"{name.replace('_', ' ')} {lp[name]['count']:,} in {lp[name]['seconds']:.3f} s"
-                      for name in ("first_step", "tensor_ahead", "scalar_ahead", "heap"))
+    parts = ", ".join(f"{name.replace('_', ' ')} {lp[name]['count']:,} in "
+                      f"{lp[name]['seconds']:.3f} s" for name in LOOP_PARTS)
     return (f"loop      {parts}; visits {lp['visits_seconds']:.3f} s in all (counting build: "
             f"{lp['counter_reads']:,} reads of the cycle counter, up to "
             f"{lp['read_seconds'] * 1e9:.1f} ns each, one a count within each part's time)")

@@ -54,6 +54,9 @@ FAULT_REASONS = (
  F_TIMING_DATA, F_DMA_DESC, F_HBM_RANGE, F_DMA_TAG, F_HBM_CHIP) = range(len(FAULT_REASONS))
 
 
+# the parts of the scheduler's loop the counting build times (core_state.COUNT_LOOP)
+LOOP_PARTS = ("first_step", "tensor_ahead", "scalar_ahead", "heap")
+
 @dataclass
 class RunResult:
     outcome: int  # RUN_*
@@ -90,7 +93,7 @@ class RunResult:
     # what the fault's reason alone does not say (an address, the GPU that owns it), or ""
     fault_detail: str = ""
     # the counting build's split of the loop's host time (WSE_EMU_COUNT=loop, core_state
-    # COUNT_LOOP; core.loop_profile), else empty
+    # COUNT_LOOP; core.loop_profile): a count and seconds for each of LOOP_PARTS; else empty
     loop_profile: dict = field(default_factory=dict)
 
     @property

@@ -16,7 +16,7 @@ from wse_emu.isa.asm import assemble_file
 ROOT = Path(__file__).resolve().parents[2]
 STRESS = ROOT / "programs" / "stress" / "stress.wsa"
 PARAMS = {"NX": 8, "NY": 8, "L": 20, "N": 8}
-PARTS = ("first_step", "tensor_ahead", "scalar_ahead", "heap")
+PARTS = core_state.LOOP_PARTS
 
 
 def _program():
@@ -31,7 +31,8 @@ def test_default_build_counts_nothing():
 
 
 def test_counting_build_splits_the_loop_and_keeps_the_results(tmp_path):
-    plain = summary(*(lambda ex: (ex.loaded, ex.result))(execute(_program(), "test64")))
+    ex = execute(_program(), "test64")
+    plain = summary(ex.loaded, ex.result)
     binary = tmp_path / "stress.bin"
     params = [a for k, v in PARAMS.items() for a in ("-D", f"{k}={v}")]
     env = dict(os.environ, WSE_EMU_COUNT="loop", NUMBA_CACHE_DIR=str(tmp_path / "numba"))
