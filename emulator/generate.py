@@ -38,6 +38,12 @@ def _ignore(*args) -> None:
     pass
 
 
+# what the per-part "waiting for wavelets" figures (GenerateResult.per_layer) count from, for
+# the reports that print them (generate, the demo)
+WAITS_NOTE = ("(the waits count from the step's start: a later part has waited longer for the "
+              "token to reach it)")
+
+
 @dataclass
 class GenerateResult:
     generated_ids: list[int]

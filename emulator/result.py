@@ -57,6 +57,7 @@ FAULT_REASONS = (
 # the parts of the scheduler's loop the counting build times (core_state.COUNT_LOOP)
 LOOP_PARTS = ("first_step", "tensor_ahead", "scalar_ahead", "heap")
 
+
 @dataclass
 class RunResult:
     outcome: int  # RUN_*

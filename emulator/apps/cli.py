@@ -610,7 +610,7 @@ def parse_ids(text: str, what: str) -> list[int]:
 def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timing_only,
              decode_token, position, sequences):
     """Greedy generation with a compiled decoder, one emulated decode step per token."""
-    from wse_emu.emulator.generate import Generator, check_capacity
+    from wse_emu.emulator.generate import WAITS_NOTE, Generator, check_capacity
     from wse_emu.emulator.load import base_dir_of, check_runnable
     from wse_emu.apps.progress import Bar
     from wse_emu.isa.binfmt import read_program
@@ -689,8 +689,7 @@ def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timin
             click.echo(f"  {part:<24}  {c['predicted']:>10,} {c['emulated']:>10,}")
     _print_ttft(res)
     click.echo("per token       compute / waiting for wavelets / backpressure cycles (summed over "
-               "PEs)\n                (the waits count from the step's start: a later part has "
-               "waited longer for the token to reach it)")
+               "PEs)\n                " + WAITS_NOTE)
     for part, c in res.per_layer.items():
         click.echo(f"  {part:<12}  {c['compute']:>12,} {c['fabric']:>12,} {c['stall']:>10,}")
 

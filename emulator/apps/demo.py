@@ -57,7 +57,7 @@ def run_demo(machine_name: str = "wse3", tokens: int = 8, show: bool = False) ->
     """Print the demo; 0 when the emulated ids match the golden model's. show: notices and
     progress on stderr (a person at a terminal)."""
     from wse_emu.apps.benchsuite import model_figures
-    from wse_emu.emulator.generate import Generator
+    from wse_emu.emulator.generate import WAITS_NOTE, Generator
     from wse_emu.emulator.load import LoadError
     from wse_emu.isa.machine import load_machine
     from wse_emu.apps.progress import compile_notice
@@ -100,8 +100,7 @@ def run_demo(machine_name: str = "wse3", tokens: int = 8, show: bool = False) ->
               f"{machine.clock_hz / 1e9:g} GHz, batch 1 "
               f"({sum(res.cycles_per_token) // len(res.cycles_per_token):,} cycles/token)")
         print("per token cycles summed over the PEs of each part: compute / waiting for wavelets "
-              "/ backpressure\n          (the waits count from the step's start: a later part "
-              "has waited longer for the token to reach it)")
+              "/ backpressure\n          " + WAITS_NOTE)
         for part, cyc in res.per_layer.items():
             print(f"  {part:<10} {cyc['compute']:>12,} {cyc['fabric']:>12,} {cyc['stall']:>10,}")
         print("host      " + host_text(res.host_seconds, res.compile_seconds, what=(
