@@ -458,7 +458,7 @@ class LineCollective:
         parts = [(max(lo, ro.first), min(hi, ro.first + ro.count), ro) for ro in self.roles
                  if ro.first < hi and ro.first + ro.count > lo]
         if len({ro.code for _a, _b, ro in parts}) == 1:  # one code for all: no branch
-            self._emit_code(rb, parts[0][2].code, src, dst, dregs, loc)
+            self._emit_code(rb, parts[0][2].code, src, dst, dregs, loc, rregs[1])
             return
         tag = label or f"coll_{self.kind}_{'_'.join(map(str, self.colors))}"
         pr, kr = rregs
@@ -481,13 +481,23 @@ class LineCollective:
         tree(parts, f"{tag}_t")
         for code, name in codes.items():
             rb.label(name, loc=loc)
-            self._emit_code(rb, code, src, dst, dregs, loc)
+            self._emit_code(rb, code, src, dst, dregs, loc, kr)
             rb.jmp(f"{tag}_end", loc=loc)
         rb.label(f"{tag}_end", loc=loc)
 
-    def _emit_code(self, rb, code, src, dst, dregs, loc) -> None:
+    def _emit_code(self, rb, code, src, dst, dregs, loc, scratch: str) -> None:
+        """A role's code. A block at an address dmem cannot hold (16 bits: a GPU core's SRAM
+        is larger) is reached with daddr from the scratch register set to 0."""
         ds, dd, di, do = dregs
         n = self.n
+
+        def desc(d, addr):
+            if isinstance(addr, int) and addr > 0xFFFF:
+                rb.dmem(d, "f32", 0, n, loc=loc)
+                rb.li(scratch, 0, loc=loc)
+                rb.daddr(d, scratch, addr, loc=loc)
+            else:
+                rb.dmem(d, "f32", addr, n, loc=loc)
         if src is dst or (isinstance(src, int) and isinstance(dst, int) and src == dst):
             # in place: "dst" is "src", and a copy between them is nothing
             code = tuple(tuple("src" if a == "dst" else a for a in op) for op in code)
@@ -496,8 +506,7 @@ class LineCollective:
         for op in code:
             for a in op[1:]:  # SRAM descriptors just before their first use, so that a
                 if isinstance(a, str) and a not in ready:  # sender starts 2 cycles in
-                    rb.dmem(ds if a == "src" else dd, "f32", src if a == "src" else dst, n,
-                            loc=loc)
+                    desc(ds if a == "src" else dd, src if a == "src" else dst)
                     ready.add(a)
             regs = []
             for a in op[1:]:

@@ -1,5 +1,7 @@
 """Line collectives: numerics against NumPy, cycles against the cost formulas, core = reference."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -16,9 +18,12 @@ SLACK = 12  # cycles
 
 
 def run(kind, form, length, n, lines=1, axis="row", engine="core", machine="wse2",
-        inplace=False, root=None, group=None, per_role=True, timing_only=False):
-    """One collective on `lines` lines of `length` PEs; returns (Execution, v, collective)."""
+        inplace=False, root=None, group=None, per_role=True, timing_only=False, pad=0):
+    """One collective on `lines` lines of `length` PEs; returns (Execution, v, collective).
+    pad: bytes allocated before the blocks (beyond 65535: above what dmem addresses)."""
     m = load_machine(machine)
+    if pad:
+        m = dataclasses.replace(m, sram_bytes=pad + 64 * 1024)
     rect = (0, 0, length, lines) if axis == "row" else (0, 0, lines, length)
     need = C.colors_needed(kind, form, length, root)
     coll = C.LineCollective(kind, rect, axis, n, list(range(3, 3 + need)), form, root, group,
@@ -30,8 +35,12 @@ def run(kind, form, length, n, lines=1, axis="row", engine="core", machine="wse2
     pieces = C.split(coll.rect, coll) if per_role else [(coll.rect, None)]
     for i, (r, _roles) in enumerate(pieces):
         rb = pb.region(f"r{i}", r.x, r.y, r.w, r.h)
-        a = rb.alloc("a", n * 4)
-        b = a if inplace else rb.alloc("b", n * 4)
+        if pad:  # at fixed addresses: the collective sees integers, as a compiler gives it
+            a = rb.alloc("a", n * 4, at=pad) and pad
+            b = a if inplace else rb.alloc("b", n * 4, at=pad + 4 * n) and pad + 4 * n
+        else:
+            a = rb.alloc("a", n * 4)
+            b = a if inplace else rb.alloc("b", n * 4)
         # row of v = line * length + position
         row = (r.y * length + r.x, length, 1) if axis == "row" else (r.x * length + r.y, 1, length)
         rb.piece("v", a, "f32", (1, n), row=row, col=0)
@@ -183,3 +192,13 @@ def test_segments_of_a_row_share_colors():
         np.testing.assert_allclose(s[:, lo:hi], np.broadcast_to(want, (2, hi - lo, 8)),
                                    rtol=1e-5, atol=1e-5)
     assert ex.result.cycles == max(seg.cost() for seg in segs)
+
+
+@pytest.mark.parametrize("per_role", [True, False])
+def test_blocks_above_what_dmem_addresses(per_role):
+    """A GPU core's SRAM is larger than dmem's 16-bit addresses: blocks beyond them are
+    reached with daddr (one region a role, and one region dispatching on the roles)."""
+    for inplace in (False, True):
+        ex, v, coll = run("allreduce", "chain", 7, 16, per_role=per_role, inplace=inplace,
+                          pad=70000)
+        check_numbers("allreduce", ex, v, coll)
