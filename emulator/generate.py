@@ -76,6 +76,10 @@ class GenerateResult:
     # the measured run's cycles, which a wafer-mapped step takes at every position)
     ttft_seconds: list = field(default_factory=list)
     ttft_prompt_lengths: list = field(default_factory=list)  # the prompts those are for
+    # a prefill program (compile --prefill B): B positions a run, and the prompt's tokens a
+    # second of host-independent emulated time (prompt tokens / ttft)
+    prefill_positions: int = 0
+    prefill_tokens_per_second: float = 0.0
     compile_seconds: float = 0.0  # Numba compiling the core's machine code (a kind's first run)
     load_seconds: float = 0.0  # loading the program before the runs, less compiling
 
@@ -279,6 +283,8 @@ class Generator:
         return res
 
     def _generate(self, prompt_ids, n: int, decode_token, position, on_step) -> GenerateResult:
+        if self.program.model is not None and self.program.model.prefill:
+            return self._generate_prefill(prompt_ids, n, decode_token, position, on_step)
         if self.sequences > 1:
             return self._generate_many(prompt_ids, n, decode_token, position, on_step)
         ids = [int(i) for i in prompt_ids]
@@ -458,6 +464,105 @@ class Generator:
                               ids_per_sequence=out if not self.timing_only else [],
                               aggregate_tokens_per_second=B / spt, ttft_seconds=ttft,
                               ttft_prompt_lengths=ttft_lengths)
+
+    def _generate_prefill(self, prompt_ids, n: int, decode_token, position,
+                          on_step) -> GenerateResult:
+        """generate() for a prefill program (compile --prefill B; module docstring): the
+        prompt in runs of B consecutive positions, the last run's row of the prompt's last
+        token giving the first generated token; then a run a token, every slot fed it."""
+        B = self.sequences
+        if any(isinstance(p, (list, tuple, np.ndarray)) for p in prompt_ids):
+            raise LoadError(f"a prefill program runs one sequence ({B} of its positions a run): "
+                            f"give one prompt")
+        ids = [int(i) for i in prompt_ids]
+        if n < 1:
+            raise LoadError("generate needs n >= 1 tokens")
+        if position is not None and not self.timing_only:
+            raise LoadError("a start position is only given in timing-only mode (a functional "
+                            "run computes the cache of every earlier position)")
+        if decode_token is not None and not self.timing_only:
+            raise LoadError("a decode token is only given in timing-only mode (a functional "
+                            "run decodes its own greedy tokens)")
+        if not ids and position is None:
+            raise LoadError("generate needs at least one prompt token")
+        if self.timing_only:
+            decode_token = (ids[-1] if ids else 0) if decode_token is None else int(decode_token)
+        for tok in ids + ([decode_token] if self.timing_only else []):
+            if not 0 <= tok < self.vocab:
+                raise LoadError(f"token id {tok} is outside the vocabulary (0..{self.vocab - 1})")
+        self.check_capacity(len(ids), n, position)
+        self.reset()
+        tick = on_step or _ignore
+        length = len(ids) if position is None else position + 1  # the prompt's positions
+        starts = list(range(0, length, B))
+        # timing-only: on the wafer mapping a run costs the same at every position, so the
+        # last run alone; else the first and the last (see ttft below)
+        wafer = self.program.model.mapping == "wafer"
+        if self.timing_only and len(starts) > (1 if wafer else 2):
+            starts = [starts[-1]] if wafer else [starts[0], starts[-1]]
+
+        def chunk(start):  # positions start .. start + B - 1; a short last one repeats its
+            real = min(B, length - start)  # last token at its last position
+            toks = [decode_token if position is not None else ids[start + min(j, real - 1)]
+                    for j in range(B)]
+            logits = self.step_all(toks, [start + min(j, real - 1) for j in range(B)])
+            tick()
+            return logits, real
+        runs = []
+        for start in starts:
+            logits, real = chunk(start)
+            runs.append(int(self.last_result.cycles))
+        row = None if logits is None else logits[real - 1]
+        cycles, out, totals, timed = [], [], {}, {}
+        for i in range(n):
+            cycles.append(int(self.last_result.cycles))
+            self._account(totals)
+            if self._timed_parts:
+                self._time_parts(timed)
+            tok = decode_token
+            if row is not None:
+                out.append(int(np.argmax(row)))
+                tok = out[-1]
+            if i + 1 < n:
+                logits = self.step_all([tok] * B, [length + i] * B)
+                tick()
+                row = None if logits is None else logits[0]
+        clock = self.machine.clock_hz
+        chunks = -(-length // B)
+        if len(runs) == chunks:  # every run of the prompt emulated
+            prefill_cycles = sum(runs[:-1])
+            ttft = (prefill_cycles + runs[-1]) / clock
+            how = "every run of the prompt emulated"
+        elif len(runs) == 1:
+            prefill_cycles = (chunks - 1) * runs[0]
+            ttft = chunks * runs[0] / clock
+            how = (f"{chunks} runs, each the cycles of the one emulated: a wafer-mapped run "
+                   f"costs the same at every position")
+        else:  # timing-only: the first and the last run; the others as their mean (a run's
+            # cycles grow linearly with its positions: its attention reads every earlier one)
+            prefill_cycles = (chunks * (runs[0] + runs[-1])) // 2 - runs[-1]
+            ttft = chunks * (runs[0] + runs[-1]) / 2 / clock
+            how = (f"{chunks} runs, the first and the last emulated and the others taken as "
+                   f"their mean")
+        spt = float(np.mean(cycles)) / clock
+        per_layer = {self._layer_name(k): {"compute": int(v[0] // n), "fabric": int(v[1] // n),
+                                           "stall": int(v[2] // n)}
+                     for k, v in sorted(totals.items())}
+        note = (f"a prefill program: the prompt of {length} tokens in runs of {B} positions "
+                f"({how}); each decode step after it is a whole run, every slot fed the token")
+        if self.timing_only:
+            note += (f"; timing-only: no values are computed, so no token can be sampled; "
+                     f"every run was fed token {decode_token}")
+        return GenerateResult(out, cycles, spt, 1.0 / spt, 0.0, int(prefill_cycles), per_layer,
+                              self.timing_only,
+                              "timing-only" if self.timing_only else "functional",
+                              decode_token if self.timing_only else None, note, position,
+                              predicted_cycles=self.predicted_cycles(),
+                              parts=self._parts_result(timed, n), sequences=1,
+                              ids_per_sequence=[out], aggregate_tokens_per_second=1.0 / spt,
+                              ttft_seconds=[ttft], ttft_prompt_lengths=[length],
+                              prefill_positions=B,
+                              prefill_tokens_per_second=length / ttft)
 
     def _layer_name(self, layer: int) -> str:
         if layer == KERNEL:

@@ -445,7 +445,7 @@ def _loads(blob: bytes) -> Program:
 
 _MODEL_KEYS = {"family", "target", "mapping", "machine", "dtype", "layers", "hidden", "vocab",
                "max_context", "positions", "parts", "shape_only", "chips", "groups",
-               "crossing_cycles", "sequences"}
+               "crossing_cycles", "sequences", "prefill"}
 
 
 def _model_json(model: ModelInfo | None):
@@ -465,13 +465,15 @@ def _read_model(doc) -> ModelInfo | None:
     s = _Schema("META")
     if isinstance(doc, dict):  # files written before the optional keys existed lack them
         doc = {**{k: v for k, v in (("shape_only", False), ("chips", 1), ("groups", []),
-                                    ("crossing_cycles", []), ("sequences", 1))
+                                    ("crossing_cycles", []), ("sequences", 1),
+                                    ("prefill", False))
                   if k not in doc}, **doc}
     d = s.dict(doc, "model", _MODEL_KEYS)
     for k in ("family", "target", "mapping", "machine", "dtype"):
         s.str(d[k], k)
-    if not isinstance(d["shape_only"], bool):
-        s.fail("model.shape_only", f"expected true or false, got {d['shape_only']!r}")
+    for k in ("shape_only", "prefill"):
+        if not isinstance(d[k], bool):
+            s.fail(f"model.{k}", f"expected true or false, got {d[k]!r}")
     chips = s.int(d["chips"], "chips")
     groups = []
     for i, g in enumerate(s.list(d["groups"], "groups")):
@@ -494,4 +496,5 @@ def _read_model(doc) -> ModelInfo | None:
                                s.int(q["predicted_cycles"], f"parts[{i}].predicted_cycles")))
     return ModelInfo(d["family"], d["target"], d["mapping"], d["machine"], d["dtype"],
                      parts=tuple(parts), shape_only=d["shape_only"], chips=chips,
-                     groups=tuple(groups), crossing_cycles=crossings, **ints)
+                     groups=tuple(groups), crossing_cycles=crossings,
+                     prefill=d["prefill"], **ints)

@@ -283,6 +283,9 @@ class ModelInfo:
     # independent sequences in flight: B KV caches; a run takes one token of each (input_ids
     # and position_ids of B values, logits B x vocab); the wafer mapping pipelines them
     sequences: int = 1
+    # a prefill program (compile --prefill B): the B are consecutive positions of one
+    # sequence, appended to one KV cache in order (a run takes B prompt tokens)
+    prefill: bool = False
 
     def part_of_region(self) -> dict[str, ModelPart]:
         return {r: p for p in self.parts for r in p.regions}

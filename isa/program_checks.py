@@ -458,8 +458,9 @@ def _check_model(program: Program) -> None:
             if sym.name in ("input_ids", "position_ids") and tuple(sym.shape) != (m.sequences,):
                 _fail(f"model sequences {m.sequences}: input {sym.name!r} has shape "
                       f"{tuple(sym.shape)}, not ({m.sequences},)", "model")
-    if not isinstance(m.shape_only, bool):
-        _fail(f"model shape_only must be true or false, got {m.shape_only!r}", "model")
+    for field in ("shape_only", "prefill"):
+        if not isinstance(getattr(m, field), bool):
+            _fail(f"model {field} must be true or false, got {getattr(m, field)!r}", "model")
     if isinstance(m.chips, bool) or not isinstance(m.chips, int) or m.chips < 1:
         _fail(f"model chips must be a positive integer, got {m.chips!r}", "model")
     _check_groups(m)

@@ -544,9 +544,13 @@ def run(binary, machine_name, inputs, dump_dir, as_json, trace_path, trace_cap, 
 @click.option("--sequences", type=click.IntRange(min=1), default=1, show_default=True,
               help="independent sequences in flight (wafer mapping): a KV cache each, one "
                    "token of each a step, pipelined through the layers' regions")
+@click.option("--prefill", type=click.IntRange(min=2), metavar="B",
+              help="a prefill program: a run takes B consecutive prompt tokens of one "
+                   "sequence (one KV cache), pipelined through the layers' regions on a wafer, "
+                   "batched on a GPU")
 @user_errors
 def compile_cmd(model, output, machine_name, dtype, max_context, shape_only, dump, as_json,
-                sequences):
+                sequences, prefill):
     """Compile MODEL (an HF folder with config.json + model.safetensors, its config.json, or a
     *.graph.json)."""
     from wse_emu.isa.machine import load_machine
@@ -554,6 +558,8 @@ def compile_cmd(model, output, machine_name, dtype, max_context, shape_only, dum
     from wse_emu.isa.compiler.pipeline import compile_model, model_source
     from wse_emu.isa.frontends.hf import checkpoint_dtype
 
+    if prefill and sequences > 1:
+        raise UserError("--prefill B and --sequences B are two kinds of program: give one")
     writable(output)
     machine = load_machine(machine_name)
     model = model_source(model)
@@ -562,7 +568,7 @@ def compile_cmd(model, output, machine_name, dtype, max_context, shape_only, dum
     base = os.path.dirname(os.path.abspath(output))
     program, rep = compile_model(model, machine, dtype=dtype, max_context=max_context,
                                  shape_only=shape_only, dump=tuple(dump), base_dir=base,
-                                 sequences=sequences)
+                                 sequences=prefill or sequences, prefill=bool(prefill))
     write_with(output, lambda p: write_program(program, p))
     click.echo(json.dumps(rep.to_json(), indent=1) if as_json else str(rep))
     click.echo(f"wrote {output}", err=True)
@@ -630,6 +636,10 @@ def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timin
     program = read_program(binary)
     check_runnable(program, timing_only, binary)
     compiled = program.model.sequences if program.model is not None else 1
+    prefill = compiled if program.model is not None and program.model.prefill else 0
+    if prefill and len(prompts) > 1:
+        raise UserError(f"{binary} is a prefill program ({prefill} positions of one sequence a "
+                        f"run): give --prompt-ids once")
     if sequences is not None and sequences != compiled:
         raise UserError(f"--sequences {sequences}: {binary} was compiled for {compiled} "
                         f"sequence{'s' if compiled > 1 else ''} (compile it with --sequences "
@@ -654,22 +664,32 @@ def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timin
         finally:
             clear_status()
         longest = max((len(p) for p in prompts), default=0)
-        bar = Bar((longest if position is None else 1) + tokens - 1, "emulated runs", show)
+        runs = longest if position is None else 1
+        if prefill:  # the prompt's runs of B positions (timing-only: the first and the last)
+            chunks = -(-(longest if position is None else position + 1) // prefill)
+            one = program.model.mapping == "wafer"  # a run costs the same at every position
+            runs = min(chunks, 1 if one else 2) if timing_only else chunks
+        bar = Bar(runs + tokens - 1, "emulated runs", show)
         gen.on_cycles = _step_progress(bar, gen.predicted_cycles()) if show else None
         try:
-            res = gen.generate(prompts if compiled > 1 else ids, tokens,
+            res = gen.generate(prompts if compiled > 1 and not prefill else ids, tokens,
                                decode_token=decode_token, position=position, on_step=bar.step)
         finally:
             bar.clear()
     if as_json:
         click.echo(json.dumps(res.to_json(), indent=1))
         return
-    if compiled > 1:
+    if compiled > 1 and not prefill:
         _print_sequences(res, gen, tokens, position, timing_only)
         return
+    if prefill:
+        click.echo(f"prefill         {res.prefill_tokens_per_second:,.0f} prompt tokens/s: "
+                   f"{res.note}")
     if timing_only:
         where = (f"from position {position} (no prefill emulated)" if position is not None
                  else f"after {len(ids)} prompt position{'s' if len(ids) > 1 else ''}")
+        if prefill:
+            where = f"after the prompt of {res.ttft_prompt_lengths[0]} positions"
         click.echo(f"timing only     {tokens} decode steps {where} (no values are computed, so "
                    f"no token is sampled; each step fed token {res.decode_token})")
     else:
@@ -721,6 +741,8 @@ def _print_ttft(res) -> None:
     for length, t in seen.items():
         how = ("emulated" if res.start_position is None else
                f"{length} runs of the measured step's cycles")
+        if res.prefill_positions:
+            how = f"in runs of {res.prefill_positions} positions"
         click.echo(f"first token     {t * 1e3:.3f} ms for a prompt of {length} token"
                    f"{'s' if length > 1 else ''} ({how})")
 

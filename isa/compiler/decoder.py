@@ -81,6 +81,9 @@ class Decoder:
     final_norm: Norm | None = None
     head: Matrix | None = None
     rope_theta: float | None = None
+    # a prefill program (compile --prefill B): a run's B slots are consecutive positions of
+    # one sequence, so a layer holds one KV cache that every slot appends to and reads
+    one_cache: bool = False
 
 
 def _norm_of(stage) -> Norm:

@@ -147,9 +147,12 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
     """Emits the kernel of a lowered plan for an HBM machine (module docstring)."""
 
     def __init__(self, plan: Plan, machine, dtype: str, shape_only: bool, base_dir, name: str,
-                 double_buffer: bool = True, sequences: int = 1):
+                 double_buffer: bool = True, sequences: int = 1, prefill: bool = False):
         self.double_buffer = double_buffer  # False: no prefetch (to measure what it buys)
         self.B, self.seq = sequences, 0  # sequences a step; the one being emitted
+        # a prefill program: the B are consecutive positions of one sequence, one KV cache a
+        # stage that the loop over them appends to in order (hbm_attn.attn_seq)
+        self.one_cache = bool(prefill)
         self.seq_rt = False  # True inside seq_loop: addresses follow the loop's sequence
         # embed and vector stages: sequence b on core b (else core 0 loops over them)
         self.spread = 1 < sequences <= machine.width
@@ -268,7 +271,7 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
                              "hidden": cfg.hidden, "layers": cfg.layers, "target": "hbm",
                              "weight_hbm_bytes": self.layout.weight_bytes,
                              "kv_hbm_bytes": self.layout.kv_bytes, "gpus": self.G,
-                             "sequences": B,
+                             "sequences": B, "prefill": self.one_cache,
                              "stages": stages})
         try:
             program = pb.build()
@@ -283,7 +286,7 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
                 f"machine '{m.name}' has {m.hbm_bytes / 1e9:.2f} GB")
         program = with_model(program, cfg, "hbm", "kernel", m, self.dtype, self.plan.T,
                              [("kernel", ALL_LAYERS, [r.name for r in program.regions], 0)],
-                             sequences=B)
+                             sequences=B, prefill=self.one_cache)
         sram = program.region_sram_bytes(program.regions[0])
         report = CompileReport(
             model=self.name, machine=m.name, dtype=self.dtype, max_context=cfg.max_context,
@@ -291,7 +294,7 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
             colors=program.colors_used(), stages=stages, target="hbm",
             hbm_bytes=self.gpu_bytes if self.tp else program.hbm_bytes,
             weight_hbm_bytes=self.layout.weight_bytes,  # a node: one GPU's
-            sequences=B)
+            sequences=B, prefill=self.one_cache)
         return program, report, code_bytes
 
     # -- HBM layout -----------------------------------------------------------------------------
@@ -360,7 +363,7 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
             elif s.kind == "attn":
                 a = s.attrs
                 lay.kv_bytes += 2 * a["n_kv_heads"] * a["max_context"] * a["head_dim"] * wb \
-                    * self.B
+                    * (1 if self.one_cache else self.B)
         return lay
 
     def _stage_hbm(self, s: Stage, alloc, budget: int) -> dict:
@@ -396,8 +399,9 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
             return {"tables": [alloc(ref.shape[0] * n * wb) for _, ref, _ in s.tables]}
         if s.kind == "attn":
             a = s.attrs
-            size = a["n_kv_heads"] * a["max_context"] * a["head_dim"] * wb * self.B  # a cache
-            return {"k": alloc(size), "v": alloc(size)}                            # a sequence
+            size = a["n_kv_heads"] * a["max_context"] * a["head_dim"] * wb  # a cache a sequence
+            size *= 1 if self.one_cache else self.B
+            return {"k": alloc(size), "v": alloc(size)}
         raise CompileError(f"stage '{s.name}': kind {s.kind!r} has no HBM mapping")
 
     def _record(self, lay: _Layout, s: Stage, got: dict, layer: bool) -> None:
@@ -1114,11 +1118,12 @@ class HbmCompiler(HbmAttention, HbmTensorParallel):
 
 
 def compile_hbm(plan: Plan, machine, dtype: str, shape_only: bool, base_dir, name: str,
-                double_buffer: bool = True, sequences: int = 1):
+                double_buffer: bool = True, sequences: int = 1, prefill: bool = False):
     """(Program, CompileReport) of `plan` for an HBM machine (module docstring); sequences
-    = B: a batched step of B independent sequences."""
+    = B: a batched step of B independent sequences, or (prefill) of B consecutive positions
+    of one sequence, one KV cache."""
     return HbmCompiler(plan, machine, dtype, shape_only, base_dir, name,
-                       double_buffer, sequences).compile()
+                       double_buffer, sequences, prefill).compile()
 
 
 def format_hbm(program, report) -> str:

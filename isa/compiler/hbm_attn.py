@@ -67,10 +67,13 @@ class HbmAttention:
 
     def attn_seq(self, s: Stage, ha: Ha) -> Ha:
         """The sequence being emitted's K (or V) cache: the B caches of a stage follow each
-        other, (n_kv_heads, max_context, head_dim) each."""
+        other, (n_kv_heads, max_context, head_dim) each. A prefill program's one cache: the
+        loop's positions are appended to it in order, so a position's attention (over 0 ..
+        itself) reads the earlier ones of the same run; a core appends every position of the
+        KV head it works on, so what it reads back it wrote itself."""
         a = s.attrs
         one = a["n_kv_heads"] * a["max_context"] * a["head_dim"] * WEIGHT_BYTES[self.dtype]
-        return Ha(ha.off, ha.layer, one if self.seq_rt else 0)
+        return Ha(ha.off, ha.layer, one if self.seq_rt and not self.one_cache else 0)
 
     def scratch_at(self, reg: str) -> None:
         """reg = the HBM address of the looping sequence's parts' (m, l, o) (a block a

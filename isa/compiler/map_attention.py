@@ -116,12 +116,13 @@ def strides(geo, dtype: str) -> tuple[int, int]:
 
 
 def alloc(ctx, rb, mlp_bytes: int = 0) -> None:
-    """The caches (ctx.seqs of each), the V caches' constant row of ones, and one scratch
+    """The caches (ctx.caches of each: a sequence's, or one of a prefill program), the V
+    caches' constant row of ones, and one scratch
     region for the attention's buffers and the MLP's gate/up vector (ctx.bufs['gu'],
     mlp_bytes), overlaid as scratch_layout says."""
     geo = ctx.geo
     S, D = geo.S, geo.D
-    seqs = getattr(ctx, "seqs", 1)
+    seqs = getattr(ctx, "caches", getattr(ctx, "seqs", 1))
     kstride, vstride = strides(geo, ctx.dtype)
     ctx.bufs["kc"] = rb.alloc("kcache", seqs * kstride)
     ctx.bufs["vc"] = rb.alloc("vcache", seqs * vstride)

@@ -78,6 +78,7 @@ class CompileReport:
     # predicted_cycles (its layers, the embedding or the crossing into it, the head)}
     wafers: list = field(default_factory=list)
     sequences: int = 1  # independent sequences in flight (B KV caches, B tokens a step)
+    prefill: bool = False  # the B are consecutive positions of one sequence (one KV cache)
     # the predicted cycles of a step of all B sequences (isa.program.pipelined_cycles)
     step_cycles: int = 0
     score_passes: int = 1  # the wafer mapping's attention scores, in passes of a few heads
@@ -112,10 +113,16 @@ class CompileReport:
                          f"matrices {self.weight_hbm_bytes / 1e9:.3f} GB (read once a token)")
             if self.sequences > 1:
                 lines[-1] = lines[-1].replace("once a token", f"once a step of {self.sequences} "
-                                              f"sequences, a KV cache each, batched")
+                                              + ("prompt positions, one KV cache, batched"
+                                                 if self.prefill else
+                                                 "sequences, a KV cache each, batched"))
         if self.predicted:
             total = sum(self.predicted.values())
-            if self.sequences > 1:
+            if self.sequences > 1 and self.prefill:
+                lines.append(f"prefill: {self.sequences} consecutive prompt positions a run "
+                             f"(one KV cache, the regions pipelining them): predicted "
+                             f"{self.step_cycles} cycles a run")
+            elif self.sequences > 1:
                 lines.append(f"sequences in flight: {self.sequences} (a KV cache each; a step "
                              f"takes one token of each, the regions pipelining them): "
                              f"predicted {self.step_cycles} cycles a step")
@@ -150,7 +157,7 @@ def part_name(layer: int, layers: int) -> str:
 
 def with_model(program: Program, cfg, target: str, mapping: str, machine, dtype: str,
                positions: int, parts: list, shape_only: bool = False, groups=(),
-               crossings=(), sequences: int = 1) -> Program:
+               crossings=(), sequences: int = 1, prefill: bool = False) -> Program:
     """The program with its MODEL part (isa.program.ModelInfo): parts is [(name, layer,
     [region names], predicted cycles)]; groups [(first layer, layers)] a wafer of a split
     model and crossings the predicted cycles of each boundary; checked as loads() checks it."""
@@ -161,7 +168,7 @@ def with_model(program: Program, cfg, target: str, mapping: str, machine, dtype:
                       shape_only=bool(shape_only), chips=machine.chips,
                       groups=tuple((int(a), int(b)) for a, b in groups),
                       crossing_cycles=tuple(int(c) for c in crossings),
-                      sequences=int(sequences))
+                      sequences=int(sequences), prefill=bool(prefill))
     program = replace(program, model=model)
     try:
         check_program(program)

@@ -69,7 +69,7 @@ def compile_model(source, machine, dtype: str = "f32", max_context: int | None =
                   shape_only: bool = False, positions: int | None = None,
                   dump: tuple[str, ...] = (), dump_to=None, base_dir: str | None = None,
                   grid=None, mapping: str | None = None,
-                  sequences: int = 1) -> tuple:
+                  sequences: int = 1, prefill: bool = False) -> tuple:
     """Compile `source` for `machine` (an isa.machine.Machine: a preset, a .toml file or a
     system NAMExN of either). Returns (Program, CompileReport); CompileError (one
     line) when the model cannot be mapped or does not fit.
@@ -85,7 +85,9 @@ def compile_model(source, machine, dtype: str = "f32", max_context: int | None =
     the wafer mapping where it applies and fits, else the stage chain. `sequences` = B: B
     independent sequences in flight (B KV caches a layer, a run takes one token of each: on
     the wafer mapping the layers' regions pipeline them, on an HBM target the step is
-    batched, every weight read once for the B tokens)."""
+    batched, every weight read once for the B tokens). prefill=True: the B are consecutive
+    positions of one sequence with one KV cache (a prefill program: a run takes B prompt
+    tokens, pipelined through the layers' regions on a wafer, batched on a GPU)."""
     if not isinstance(machine, Machine):
         raise CompileError(f"machine must be an isa.machine.Machine (isa.machine.load_machine), "
                            f"got {machine!r}")
@@ -95,9 +97,13 @@ def compile_model(source, machine, dtype: str = "f32", max_context: int | None =
     hbm_target = machine.kind == "hbm"  # weights streamed from HBM
     if isinstance(sequences, bool) or not isinstance(sequences, int) or sequences < 1:
         raise CompileError(f"sequences must be a positive integer, got {sequences!r}")
+    what = f"--prefill {sequences}" if prefill else f"--sequences {sequences}"
     if sequences > 1 and (mapping == "chain" or (positions or 1) != 1):
-        raise CompileError(f"--sequences {sequences} needs the wafer mapping of a decode step "
+        raise CompileError(f"{what} needs the wafer mapping of a decode step "
                            f"(one position a run)")
+    if prefill and sequences < 2:
+        raise CompileError(f"a prefill program takes 2 or more positions a run, got "
+                           f"{sequences}")
     unknown = [d for d in dump if d not in DUMPS]
     if unknown:
         raise CompileError(f"cannot dump {unknown[0]!r} (passes: {', '.join(DUMPS)})")
@@ -126,7 +132,7 @@ def compile_model(source, machine, dtype: str = "f32", max_context: int | None =
         from wse_emu.isa.compiler.hbm import compile_hbm, format_hbm
         name = Path(str(source)).name.replace(".graph.json", "") or "model"
         program, report = compile_hbm(plan, machine, dtype, shape_only, base_dir, name,
-                                      sequences=sequences)
+                                      sequences=sequences, prefill=prefill)
         if program.model is not None and program.model.shape_only != shape_only:
             program = replace(program, model=replace(program.model, shape_only=shape_only))
         if "placement" in dump:
@@ -145,7 +151,7 @@ def compile_model(source, machine, dtype: str = "f32", max_context: int | None =
         name = Path(str(source)).name.replace(".graph.json", "") or "model"
         try:
             return compile_decode(plan, machine, dtype, shape_only, base_dir, name, dump, out,
-                                  grid, sequences)
+                                  grid, sequences, prefill)
         except NotADecoder as e:
             if mapping == "wafer" or sequences > 1:
                 raise CompileError(f"the wafer mapping does not apply: {e}") from None

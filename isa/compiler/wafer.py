@@ -184,12 +184,13 @@ def _snake(items: list, per_band: int) -> int | None:
 
 
 def _layer_data(dec: Decoder, geo: Geometry, dtype: str, seqs: int = 1) -> int:
-    """SRAM a layer PE's data takes: weight tiles, KV caches (seqs of them) and buffers (the
+    """SRAM a layer PE's data takes: weight tiles, KV caches (seqs of them; one in a prefill
+    program, dec.one_cache) and buffers (the
     attention's scratch and the MLP's gate/up vector overlaid: map_attention.scratch_layout);
     on a grid of two column classes the larger class's."""
     wb = WEIGHT_BYTES[dtype]
     return max(map_gemv.tile_bytes(g, wb, dec.family == "gpt2")
-               + seqs * map_attention.cache_bytes(g, wb)
+               + (1 if dec.one_cache else seqs) * map_attention.cache_bytes(g, wb)
                + map_attention.buffer_bytes(g, bool(dec.rope_theta), 4 * g.M1)
                + 4 * (3 * g.K + g.Mqkv + 1 + 2) + 2 * g.K * wb * 2 for g in geo.variants)
 
@@ -575,7 +576,9 @@ def _refusal(dec, machine, dtype, exact, biases, sides, name, seqs: int = 1) -> 
     """One line: why no grid fits; the wafers that would hold the model, or the largest
     max_context that would fit (with seqs KV caches a layer)."""
     fitting = [g for g in sides if _fitted(dec, geometry(dec, g), machine, dtype, seqs)]
-    caches = f" with {seqs} sequences' KV caches" if seqs > 1 else ""
+    caches = (f" with {seqs} positions a run" if dec.one_cache else
+              f" with {seqs} sequences' KV caches") if seqs > 1 else ""
+    fewer = "a smaller --prefill" if dec.one_cache else "fewer sequences"
     # (a binary search over the context on every grid: seconds for a 70B model, and not what
     # a model too big for a system's wafers is told, below)
     fit = _fitting_context(dec, machine, dtype, exact, biases, sides, seqs) if seqs > 1 else None
@@ -583,7 +586,7 @@ def _refusal(dec, machine, dtype, exact, biases, sides, name, seqs: int = 1) -> 
         return (f"max_context {dec.max_context}{caches} does not fit machine "
                 f"'{machine.name}' ({machine.width} x {machine.height} PEs, "
                 f"{machine.sram_bytes} bytes each): max_context {fit} would fit "
-                f"(--max-context {fit}), or fewer sequences")
+                f"(--max-context {fit}), or {fewer}")
     if fitting and machine.kind == "mesh" and machine.link_bandwidth > 0:
         chip = machine.chip
         L = len(dec.layers)
@@ -622,7 +625,7 @@ def _refusal(dec, machine, dtype, exact, biases, sides, name, seqs: int = 1) -> 
                 f"(--max-context {fit})")
     if not fitting:
         hints = (["16-bit weights"] if WEIGHT_BYTES[dtype] > 2 else []) \
-            + (["fewer sequences"] if seqs > 1 else []) \
+            + ([fewer] if seqs > 1 else []) \
             + (["a larger grid"] if len(sides) == 1 else []) + ["a machine with more SRAM a PE"]
         return (f"no grid of the model's layers{caches} fits a PE's {machine.sram_bytes} bytes "
                 f"on machine '{machine.name}' at any context (use "
@@ -927,6 +930,7 @@ class _Emitter:
         c.rb, c.shape_only, c.weights = rb, self.shape_only, self.weights
         c.graph, c.declared, c.padded = self.mp.dec.plan.graph, self.declared, self.padded
         c.seqs = self.seqs
+        c.caches = 1 if self.mp.dec.one_cache else self.seqs
         c.cache_regs = (KOFF, VOFF) if self.seqs > 1 else None
         return c
 
@@ -1137,7 +1141,7 @@ class _Emitter:
         self.position_regs(code, it)
         self.loop(ctx, lambda: _layer_body(ctx, layer, self.receiver(ctx, it, k),
                                            self.sender(ctx, it, k)),
-                  map_attention.strides(geo, dtype))
+                  (0, 0) if self.mp.dec.one_cache else map_attention.strides(geo, dtype))
         code.halt()
         ctx.share.routines(code, ctx.labels)
         return code
@@ -1380,13 +1384,16 @@ def _spread(add, x: int, y: int, x0: int, w: int, color: int) -> None:
 # the pipeline
 
 def compile_decode(plan: Plan, machine, dtype: str, shape_only: bool, base_dir, name: str,
-                   dump=(), out=None, grid=None, sequences: int = 1):
+                   dump=(), out=None, grid=None, sequences: int = 1, prefill: bool = False):
     """The decode mapping of a one-position decoder plan: (Program, CompileReport). With
     sequences = B > 1, B independent sequences: B KV caches a layer and B tokens a step
     (input_ids and position_ids of B values, logits B x vocab), every region looping over
-    them, so that the regions pipeline the sequences (module constants SEQ ..)."""
+    them, so that the regions pipeline the sequences (module constants SEQ ..). prefill: the
+    B are consecutive positions of one sequence, one KV cache a layer (Decoder.one_cache):
+    a prompt's tokens pipelined through the layers like sequences in flight."""
     # extract: the plan's layers as named parts (NotADecoder: use the stage chain)
     dec = extract(plan)
+    dec.one_cache = bool(prefill)
     if isinstance(sequences, bool) or not isinstance(sequences, int) or sequences < 1:
         raise CompileError(f"sequences must be a positive integer, got {sequences!r}")
     need = max(COLORS_NEEDED + (len(CROSS) if machine.chips > 1 else 0),
@@ -1446,6 +1453,7 @@ def _pack(pb, mp: Mapping, stages: list, machine, dtype: str, name: str, shape_o
                          "max_context": dec.max_context, "vocab": dec.vocab,
                          "hidden": dec.hidden, "layers": len(dec.layers),
                          "mapping": "wafer", "grid": mp.geo.label, "sequences": mp.seqs,
+                         "prefill": dec.one_cache,
                          "predicted_cycles": mp.predicted, "wafers": wafers,
                          "stages": [dict(s, rect=list(s["rect"])) for s in stages]})
     try:
@@ -1459,7 +1467,7 @@ def _pack(pb, mp: Mapping, stages: list, machine, dtype: str, name: str, shape_o
         entry[2].append(f"s{k}.{st['name']}")
     program = with_model(program, dec.plan.graph.config, "mesh", "wafer", machine, dtype, 1,
                          list(parts.values()), shape_only, mp.groups if split else (),
-                         crossings, mp.seqs)
+                         crossings, mp.seqs, dec.one_cache)
     sram = program.regions_sram_bytes()
     worst = max(range(len(sram)), key=lambda i: sram[i])
     if sram[worst] > machine.sram_bytes:
@@ -1478,7 +1486,8 @@ def _pack(pb, mp: Mapping, stages: list, machine, dtype: str, name: str, shape_o
         fabric=(box.w, box.h), pes=pes, sram_max=max(sram),
         sram_mean=sum(b * r.rect.size for b, r in zip(sram, program.regions)) / pes,
         colors=program.colors_used(), stages=stages, predicted=dict(mp.predicted),
-        grid=mp.geo.label, wafers=wafers, sequences=mp.seqs, score_passes=mp.geo.passes,
+        grid=mp.geo.label, wafers=wafers, sequences=mp.seqs, prefill=dec.one_cache,
+        score_passes=mp.geo.passes,
         column_classes=mp.geo.split,
         step_cycles=pipelined_cycles(mp.predicted, mp.seqs))
     return program, report

@@ -107,3 +107,31 @@ def test_bench_runs_sequences_on_the_wafer_and_on_a_gpu(cli, compiled, tmp_path)
     g = gpu["figures"]
     assert g["aggregate_tokens_per_second"] == pytest.approx(2 * g["tokens_per_second"])
     assert "2 sequences in flight" in out.stdout and "aggregate" in out.stdout
+
+
+def test_compile_and_generate_a_prefill_program(cli, tmp_path):
+    """`compile --prefill B`: B prompt positions a run, one KV cache; generate prints the
+    prompt's rate and its time to first token; mistakes are one line each."""
+    (tmp_path / "config.json").write_text(json.dumps(SMALL))
+    for machine in ("wse3", "h100"):
+        out = cli("compile", "config.json", "--shape-only", "--dtype", "bf16", "--prefill", "4",
+                  "--machine", machine, "-o", f"{machine}.bin", "--json", cwd=tmp_path)
+        assert out.code == 0, out.stderr
+        rep = json.loads(out.stdout)
+        assert rep["prefill"] is True and rep["sequences"] == 4
+        run = cli("generate", f"{machine}.bin", "--timing-only", "--position", "20", "--tokens",
+                  "1", cwd=tmp_path)
+        assert run.code == 0, run.stderr
+        assert re.search(r"^prefill +[0-9,]+ prompt tokens/s: a prefill program: the prompt of "
+                         r"21 tokens in runs of 4 positions", run.stdout, re.M), run.stdout
+        assert re.search(r"^first token +[0-9.]+ ms for a prompt of 21 tokens \(in runs of 4 "
+                         r"positions\)", run.stdout, re.M), run.stdout
+    both = cli("compile", "config.json", "--shape-only", "--prefill", "4", "--sequences", "2",
+               "-o", "x.bin", cwd=tmp_path)
+    assert "two kinds of program" in _one_line_error(both)
+    assert cli("compile", "config.json", "--shape-only", "--prefill", "1", "-o", "x.bin",
+               cwd=tmp_path).code == 2
+    many = cli("generate", "wse3.bin", "--timing-only", "--prompt-ids", "1,2", "--prompt-ids",
+               "3", cwd=tmp_path)
+    assert "give --prompt-ids once" in _one_line_error(many)
+    assert not (tmp_path / "x.bin").exists()
