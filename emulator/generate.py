@@ -206,7 +206,7 @@ class Generator:
         self.positions = np.maximum(self.positions, pos + 1)
         if self.timing_only:
             return None
-        return read_output(self.loaded, "logits").reshape(B, -1)
+        return read_output(self.loaded, "logits").reshape(-1, self.vocab)
 
     def step(self, token_id: int) -> np.ndarray | None:
         """Append one token at the next position; its logits (vocab,) fp32 (None when
@@ -251,7 +251,7 @@ class Generator:
 
     @property
     def vocab(self) -> int:
-        return int(np.prod(next(s.shape for s in self.program.symbols if s.name == "logits")))
+        return int(next(s.shape for s in self.program.symbols if s.name == "logits")[-1])
 
     def check_capacity(self, n_prompt: int, n: int, position: int | None = None) -> None:
         """LoadError before anything runs when the KV cache cannot hold the whole request
@@ -494,25 +494,24 @@ class Generator:
         self.reset()
         tick = on_step or _ignore
         length = len(ids) if position is None else position + 1  # the prompt's positions
-        starts = list(range(0, length, B))
+        chunks = -(-length // B)
+        order = list(range(chunks))
         # timing-only: on the wafer mapping a run costs the same at every position, so the
         # last run alone; else the first and the last (see ttft below)
         wafer = self.program.model.mapping == "wafer"
-        if self.timing_only and len(starts) > (1 if wafer else 2):
-            starts = [starts[-1]] if wafer else [starts[0], starts[-1]]
-
-        def chunk(start):  # positions start .. start + B - 1; a short last one repeats its
-            real = min(B, length - start)  # last token at its last position
-            toks = [decode_token if position is not None else ids[start + min(j, real - 1)]
-                    for j in range(B)]
-            logits = self.step_all(toks, [start + min(j, real - 1) for j in range(B)])
-            tick()
-            return logits, real
+        if self.timing_only and chunks > (1 if wafer else 2):
+            order = [chunks - 1] if wafer else [0, chunks - 1]
         runs = []
-        for start in starts:
-            logits, real = chunk(start)
+        for c in order:  # run c: positions c B .. c B + B - 1; the last ends at the prompt's
+            # last token (the program's logits are its last position's), repeating earlier
+            # positions (or position 0), whose cache rows it rewrites with the same values
+            pos = ([c * B + j for j in range(B)] if c < chunks - 1 else
+                   [max(0, length - B + j) for j in range(B)])
+            toks = [decode_token if position is not None else ids[q] for q in pos]
+            logits = self.step_all(toks, pos)
+            tick()
             runs.append(int(self.last_result.cycles))
-        row = None if logits is None else logits[real - 1]
+        row = None if logits is None else logits[-1]
         cycles, out, totals, timed = [], [], {}, {}
         for i in range(n):
             cycles.append(int(self.last_result.cycles))
@@ -526,9 +525,8 @@ class Generator:
             if i + 1 < n:
                 logits = self.step_all([tok] * B, [length + i] * B)
                 tick()
-                row = None if logits is None else logits[0]
+                row = None if logits is None else logits[-1]
         clock = self.machine.clock_hz
-        chunks = -(-length // B)
         if len(runs) == chunks:  # every run of the prompt emulated
             prefill_cycles = sum(runs[:-1])
             ttft = (prefill_cycles + runs[-1]) / clock

@@ -340,7 +340,8 @@ def _arrange(dec: Decoder, geo: Geometry, machine, dtype: str, exact: bool,
         if m == 0:
             return None
         embed_cols.append((m, vb))
-    head = map_head.columns(dec.vocab, K, wb, exact, at_least=C, seqs=seqs)
+    head = map_head.columns(dec.vocab, K, wb, exact, at_least=C,
+                            seqs=1 if dec.one_cache else seqs)  # the logits rows it keeps
     if head[0] == 0:
         return None
     ew = sum(m for m, _ in embed_cols)
@@ -737,7 +738,9 @@ def predict(mp: Mapping, machine, dtype: str, senders: bool = True) -> dict:
     hd.charge("lm head reduce", line_cycles(machine, geo.R, vb, broadcast=False,
                                             group=mp.line_groups[0]))
     out["head"] = hd.total() + dry.cost.send(geo.K, geo.C)
-    if mp.seqs > 1:  # the loop, and the logits block copied to its sequence's row
+    if mp.seqs > 1 and dec.one_cache:  # the loop (a prefill program keeps one row)
+        out["head"] += dry.cost.scalar(LOOP_SCALARS)
+    elif mp.seqs > 1:  # the loop, and the logits block copied to its sequence's row
         out["head"] += dry.cost.scalar(LOOP_SCALARS + 1) + dry.cost.op("move", vb)
     return out
 
@@ -1163,8 +1166,9 @@ class _Emitter:
         if not ctx.col.group:
             ctx.col = LineKind("column", geo.R, COL, "r14")  # (no flags set up in the head)
         self.position_regs(rb, it, flags=False)
-        out = b["logits"]
-        if self.seqs > 1:  # a row of vb logits a sequence, copied after the step's reduce
+        out = b["logits"]  # a prefill program's: the run's last position's, as it is left
+        rows = 1 if dec.one_cache else self.seqs
+        if rows > 1:  # a row of vb logits a sequence, copied after the step's reduce
             out = rb.alloc("logits_out", self.seqs * vb * 4)
 
         def step():
@@ -1176,13 +1180,13 @@ class _Emitter:
             rb.dmem("d2", "f32", b["logits"], vb)
             rb.mv("d2", "d0", "d1")
             ctx.allreduce(ctx.col, b["logits"], vb, broadcast=False)
-            if self.seqs > 1:
+            if rows > 1:
                 rb.dmem("d1", "f32", b["logits"], vb)
                 rb.dmem("d2", "f32", out, vb)
                 rb.daddr("d2", KOFF, out)
                 rb.vmov("d2", "d1")
         self.loop(ctx, step, (vb * 4, 0))
-        map_head.pieces(rb, "logits", out, dec.vocab, vb, m, ctx.col.root, self.seqs)
+        map_head.pieces(rb, "logits", out, dec.vocab, vb, m, ctx.col.root, rows)
         rb.halt()
 
     def embed(self, it) -> None:
@@ -1409,7 +1413,8 @@ def compile_decode(plan: Plan, machine, dtype: str, shape_only: bool, base_dir, 
     pb = ProgramBuilder(name)
     pb.input("input_ids", "i32", (sequences,))
     pb.input("position_ids", "i32", (sequences,))
-    pb.output("logits", "f32", (sequences, dec.vocab))
+    # a prefill program's logits: its last position's (the host ends a prompt's runs there)
+    pb.output("logits", "f32", (1 if prefill else sequences, dec.vocab))
     # route: allreduce lines, hand-offs, the mask and RoPE buses
     rules = route(pb, mp)
     if "routes" in dump:
