@@ -29,6 +29,11 @@ def violations(suite: dict) -> list[str]:
             if not check["ok"]:
                 out.append(f"{_label(c)}: {fmt_seconds(t)} a token is under "
                            f"the {check['name']} floor of {fmt_seconds(check['floor_seconds'])}")
+        for check in c["figures"].get("ttft_floors", []):
+            if not check["ok"]:
+                out.append(f"{_label(c)}: a first token in "
+                           f"{fmt_seconds(c['figures']['ttft_seconds'])} is under the prefill's "
+                           f"{check['name']} floor of {fmt_seconds(check['floor_seconds'])}")
     return out
 
 
@@ -124,11 +129,24 @@ def markdown(suite: dict) -> str:
     if notes:
         lines += [""] + [f"[{i}] {n}" for i, n in enumerate(notes, 1)]
     lines += curve_table(cases)
-    for c in cases:  # the first token's wait
+    said = set()
+    for c in cases:  # the first token's wait (a prefill program's: once a model and machine)
         f = c["figures"]
+        key = (c["model"], c["machine"], f.get("ttft_method"), f.get("ttft_seconds"),
+               f.get("ttft_reason"))
+        if key in said or "prefill_positions" in f and (c["model"], c["machine"]) in said:
+            continue
+        said |= {key, (c["model"], c["machine"])} if "prefill_positions" in f else {key}
         if c["status"] == "ok" and "ttft_seconds" in f:
+            floors = "".join(
+                f"; floor {x['name']} {fmt_seconds(x['floor_seconds'])}"
+                + ("" if x["ok"] else " **VIOLATION: emulator bug**")
+                for x in f.get("ttft_floors", []))
             lines.append(f"- {_label(c)}: first token of a {f['ttft_prompt_tokens']}-token "
-                         f"prompt {fmt_seconds(f['ttft_seconds'])} (fed a token a step)")
+                         f"prompt {fmt_seconds(f['ttft_seconds'])} "
+                         f"({f.get('ttft_method', 'fed a token a step')}{floors})")
+        elif c["status"] == "ok" and "ttft_reason" in f:
+            lines.append(f"- {_label(c)}: no first-token time: {f['ttft_reason']}")
     lines += ["", "Columns: B = sequences in flight (a step carries one token of each); "
               "context = the largest KV-cache length of "
               f"{', '.join(map(str, CONTEXT_LADDER))} that "

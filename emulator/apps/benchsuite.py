@@ -42,11 +42,15 @@ regions; an HBM machine runs a batched step instead (every weight read once a st
 tokens; isa/compiler/hbm.py). A case that does not compile is refused with the compiler's
 reason. tokens/s is
 a sequence's (one token a step), the aggregate B times that, FLOPs and the SIMD floor count the
-B tokens of the step, and the time to first token of a prompt of position + 1 tokens is that
-many steps (a wafer-mapped step costs the same at every position): the prompt is fed a token a
-step, as the compiled programs do (no batched or pipelined prefill is compiled yet). Every B of
-a model decodes the same position: the largest B is compiled first (B KV caches need the most
-SRAM), and the position it sets holds for the smaller ones.
+B tokens of the step. Every B of a model decodes the same position: the largest B is compiled
+first (B KV caches need the most SRAM), and the position it sets holds for the smaller ones.
+
+Time to first token (TTFT) of a prompt of position + 1 tokens. With --prefill B: from a
+prefill program (compile --prefill B: a run takes B consecutive prompt positions into one KV
+cache, pipelined through the layers' regions on a wafer, batched on a GPU) at the case's
+context, run_prefill; its figures join every case of the model and machine. Without it, on the
+wafer mapping only: position + 1 steps, each the measured step (the prompt fed a token a step;
+a wafer-mapped step costs the same at every position). figures["ttft_method"] says which.
 
 Systems (NAMExN: several wafers, a GPU node; docs/timing-model.md, "Systems"): peak FLOPs and
 HBM bandwidth are the system's (every chip's); two more floors apply. "system links": the
@@ -302,7 +306,7 @@ class Case:
 
 
 def compile_case(spec: ModelSpec, machine, dtype: str, max_context: int | None,
-                 sequences: int = 1, above: int | None = None):
+                 sequences: int = 1, above: int | None = None, prefill: bool = False):
     """(program, report, context) at the largest context of the ladder that compiles (only
     `max_context` when given; only contexts above position `above` when given); (None,
     reason, None) with the compiler's refusal: the last context's, or the one refusal every
@@ -319,7 +323,8 @@ def compile_case(spec: ModelSpec, machine, dtype: str, max_context: int | None,
     for ctx in ladder:
         try:
             program, report = compile_model(spec.folder, machine, dtype=dtype, max_context=ctx,
-                                             shape_only=True, sequences=sequences)
+                                             shape_only=True, sequences=sequences,
+                                             prefill=prefill)
             return program, report, ctx
         except CompileError as e:
             refusals.append((ctx, spec.tell(str(e))))  # a shorter context may fit
@@ -489,13 +494,54 @@ def run_case(case: Case, machine, dtype: str, program, position: int, figures: M
     measure(case, figures, machine, dtype, result, layer_s, by_part, gpu_bytes)
     if program.model is not None and program.model.mapping == "wafer":
         # a prompt of position + 1 tokens: that many steps, each the measured step's cycles
+        # (replaced by a prefill program's figures with --prefill B: run_prefill)
         case.figures["ttft_prompt_tokens"] = position + 1
         case.figures["ttft_seconds"] = (position + 1) * case.figures["seconds_per_token"]
+        case.figures["ttft_method"] = "fed a token a step"
     predicted = predicted_cycles(program)
     if predicted:  # the compiler's cost model beside the emulated step, and per layer
         case.figures["predicted_cycles_per_token"] = predicted[0]
         case.figures["predicted_layer_seconds"] = [c / machine.clock_hz for c in predicted[1]]
     case.status = "ok"
+
+
+def run_prefill(spec: ModelSpec, machine, dtype: str, context: int, position: int, B: int,
+                tick) -> dict:
+    """The time to first token of a prompt of position + 1 tokens with a prefill program of
+    B positions a run (compile --prefill B) at the case's context: {"figures": ...,
+    "host": ...} or {"reason": the compiler's or loader's one line}. Timing-only, so the
+    wafer emulates the prompt's last run (a wafer-mapped run costs the same at every
+    position) and an HBM machine its first and last (the others their mean; emulator/
+    generate.py, Generator._generate_prefill)."""
+    from wse_emu.apps.progress import Reached
+    from wse_emu.emulator.generate import Generator
+    from wse_emu.emulator.load import LoadError
+
+    t0 = time.perf_counter()
+    program, report, _ = compile_case(spec, machine, dtype, context, B, prefill=True)
+    host = {"prefill_compile_seconds": time.perf_counter() - t0}
+    if program is None:
+        return {"reason": f"--prefill {B}: {report}", "host": host}
+    reached = Reached()
+
+    def within(cycles: int, _instructions: int) -> None:
+        tick(f"prefill run of {B}: cycle {reached(cycles):,}", transient=True)
+    try:
+        tick(f"prefill runs of {B} positions, a prompt of {position + 1} tokens")
+        gen = Generator(program, machine, timing_only=True)
+        gen.on_cycles = within
+        res = gen.generate([], 1, position=position)
+    except LoadError as e:
+        return {"reason": f"--prefill {B}: {e}", "host": host}
+    host["prefill_seconds"] = time.perf_counter() - t0 - host["prefill_compile_seconds"]
+    runs = -(-(position + 1) // B)
+    return {"host": host, "figures": {
+        "ttft_prompt_tokens": position + 1, "ttft_seconds": res.ttft_seconds[0],
+        "ttft_method": (f"prefill in runs of {B} positions, "
+                        + ("1 emulated" if program.model.mapping == "wafer" or runs == 1
+                           else "the first and the last emulated") + f" of {runs}"),
+        "prefill_positions": B, "prefill_run_cycles": res.cycles_per_token[0],
+        "prefill_tokens_per_second": res.prefill_tokens_per_second}}
 
 
 def predicted_cycles(program):
@@ -573,9 +619,11 @@ def figures_of(spec: ModelSpec) -> ModelFigures:
 
 def run_suite(models, machines, dtype: str = "bf16", max_context: int | None = None,
               position: int | None = None, progress=None, command: str = "",
-              sequences=1) -> dict:
+              sequences=1, prefill: int = 0) -> dict:
     """Every model on every machine at every B: the JSON-able suite {"meta": ..., "cases":
-    [...]}, the cases ordered by model, machine, B.
+    [...]}, the cases ordered by model, machine, B. prefill = B > 1: every case's time to
+    first token from a prefill program of B positions a run (run_prefill), else from its
+    step (the wafer mapping: a token a step).
 
     models: built-in names or HF config.json paths; machines: preset names, files or Machine
     objects (systems NAMExN too); sequences: B or a list of B. progress(done, total, label) is
@@ -595,7 +643,8 @@ def run_suite(models, machines, dtype: str = "bf16", max_context: int | None = N
     with tempfile.TemporaryDirectory(prefix="wse-emu-bench-") as workdir:
         specs = model_specs(models, Path(workdir))
         # compile + run a case
-        tick = _Ticker(progress, 2 * len(specs) * len(machines) * len(bs))
+        tick = _Ticker(progress, (2 * len(bs) + (1 if prefill else 0))
+                       * len(specs) * len(machines))
         for spec in specs:
             figures, pos, done = figures_of(spec), position, []
             for b in reversed(bs):  # the largest B first: it sets the position (docstring)
@@ -606,6 +655,8 @@ def run_suite(models, machines, dtype: str = "bf16", max_context: int | None = N
                     case.host["case_seconds"] = sum(v for k, v in case.host.items()
                                                     if k.endswith("_seconds"))
                 done += got
+            if prefill:
+                _prefill_cases(spec, machines, dtype, done, prefill, tick, figures)
             order = {m.name: i for i, m in enumerate(machines)}
             cases += sorted(done, key=lambda c: (order[c.machine], c.sequences))
     return {
@@ -614,11 +665,51 @@ def run_suite(models, machines, dtype: str = "bf16", max_context: int | None = N
                          f"{platform.python_version()}",
                  "host_seconds": time.perf_counter() - t_start,
                  "peak_rss_bytes": peak_rss_bytes(),
-                 "token_id": TOKEN_ID, "batch": 1, "sequences": bs,
+                 "token_id": TOKEN_ID, "batch": 1, "sequences": bs, "prefill": prefill,
                  "batch_sweep": sequences_note(bs),
                  "machines": [machine_json(m) for m in machines]},
         "cases": [c.to_json() for c in cases],
     }
+
+
+def _prefill_cases(spec: ModelSpec, machines, dtype: str, cases: list, B: int, tick,
+                   figures: ModelFigures) -> None:
+    """run_prefill for every machine a case of `spec` ran on, at that case's context and
+    position; its figures join every such case (the first token of one prompt, whatever B
+    sequences the case keeps in flight), or its reason (figures "ttft_reason"). The floors
+    of a prompt's first token (figures "ttft_floors"; violations() reports one it is under):
+    the prompt's FLOPs / peak, and on an HBM machine every weight read once / peak HBM
+    bandwidth."""
+    for m in machines:
+        ran = [c for c in cases if c.machine == m.name and c.ok]
+        if ran:
+            first = min(ran, key=lambda c: c.sequences)
+            tick.show(first, f"compiling --prefill {B}")
+            got = run_prefill(spec, m, dtype, first.max_context, first.position, B,
+                              lambda what, transient=False, c=first: tick.show(c, what,
+                                                                               transient))
+            first.host.update(got["host"])  # (its host time counted once)
+            first.host["case_seconds"] += sum(got["host"].values())
+            if "figures" in got:
+                f = got["figures"]
+                prompt = f["ttft_prompt_tokens"]
+                floors = [("SIMD", sum(figures.flops(p) for p in range(prompt)) / m.peak_flops)]
+                if is_hbm(m):
+                    floors.append(("HBM weights", figures.weight_bytes(dtype) / hbm_peak(m)))
+                f["ttft_floors"] = [
+                    {"name": name, "floor_seconds": floor,
+                     "ok": f["ttft_seconds"] >= floor or math.isclose(f["ttft_seconds"], floor,
+                                                                      rel_tol=1e-9)}
+                    for name, floor in floors]
+            for c in ran:
+                if "figures" in got:
+                    c.figures.update(got["figures"])
+                else:
+                    for k in ("ttft_seconds", "ttft_prompt_tokens", "ttft_method"):
+                        c.figures.pop(k, None)
+                    c.figures["ttft_reason"] = got["reason"]
+                c.host["peak_rss_bytes"] = max(c.host["peak_rss_bytes"], peak_rss_bytes())
+        tick.advance()
 
 
 def peak_rss_bytes() -> int:

@@ -829,8 +829,12 @@ def _names(values: tuple[str, ...]) -> list[str]:
               help="sequences in flight, one run of every case at each B (e.g. 1,2,4,8; a KV "
                    "cache each, a token of each a step): tokens/s a sequence and aggregate, "
                    "and throughput_curve.png; a machine whose compiler cannot batch B says so")
+@click.option("--prefill", type=click.IntRange(min=2), metavar="B",
+              help="the time to first token from a prefill program of B prompt positions a "
+                   "run on every machine (compile --prefill B) [default: on the wafer mapping, "
+                   "the prompt fed a token a step; none on HBM machines]")
 @user_errors
-def bench(models, machines, outdir, dtype, max_context, position, sequences):
+def bench(models, machines, outdir, dtype, max_context, position, sequences, prefill):
     """Decode of every model on every machine (shape-only, timing-only): one sequence, or
     --sequences B in flight.
 
@@ -857,13 +861,15 @@ def bench(models, machines, outdir, dtype, max_context, position, sequences):
         command += f" --position {position}"
     if sequences != [1]:
         command += f" --sequences {','.join(map(str, sequences))}"
+    if prefill:
+        command += f" --prefill {prefill}"
     writable(outdir, folder=True)
     progress = bench_progress()
     try:
         with numba_notice(sys.stderr.isatty()):
             suite = run_suite(models, machines, dtype=dtype, max_context=max_context,
                               position=position, progress=progress, command=command,
-                              sequences=sequences)
+                              sequences=sequences, prefill=prefill or 0)
     except BenchError as e:
         raise UserError(str(e)) from None
     finally:
