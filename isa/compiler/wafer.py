@@ -637,6 +637,15 @@ def _refusal(dec, machine, dtype, exact, biases, sides, name, seqs: int = 1) -> 
     if machine.chips > 1 and len(dec.layers) < machine.chips:
         return (f"{name} has {len(dec.layers)} layers, fewer than the {machine.chips} wafers of "
                 f"machine '{machine.name}' (the split puts at least one layer on every wafer)")
+    if pes <= have:  # enough PEs: the grids, the embedding and the head do not fit in bands
+        K = geometry(dec, (R, C)).K
+        rows = 1 if dec.one_cache else seqs
+        m, _ = map_head.columns(dec.vocab, K, WEIGHT_BYTES[dtype], exact, at_least=C, seqs=rows)
+        held = f", holding {rows} rows of logits" if rows > 1 else ""
+        return (f"{name}'s {len(dec.layers)} layers on {R} x {C} grids ({pes:,} PEs), its "
+                f"embedding and its head ({m} columns{held}) cannot be placed in bands on "
+                f"machine '{machine.name}' ({machine.width} x {machine.height} PEs)"
+                + (f": use {fewer}" if seqs > 1 else ""))
     return (f"{name} needs {pes:,} PEs ({len(dec.layers)} layers on {R} x {C} grids, "
             f"{_layer_weights(dec) * WEIGHT_BYTES[dtype] / 1e9:.2f} GB of layer weights; "
             f"embedding and head more) but machine '{machine.name}' is {machine.width} x "

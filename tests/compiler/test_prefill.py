@@ -175,3 +175,17 @@ def test_prefill_timing(name, tmp_path):
     assert ("the one emulated" if name == "wse3" else "the first and the last") in res.note
     if name == "wse3":
         assert res.predicted_cycles == report.step_cycles
+
+
+def test_gpt2_prefill_gives_the_ids_of_transformers(tmp_path):
+    """GPT-2 (learned position embeddings, biases, LayerNorm) in runs of 4 on a wafer."""
+    torch = pytest.importorskip("torch")
+    from tests.graph.hf_models import load_torch, make_gpt2
+    torch.set_num_threads(2)
+    path = make_gpt2(tmp_path)
+    with torch.no_grad():
+        want = load_torch(path).generate(torch.tensor([PROMPT]), max_new_tokens=N_TOKENS,
+                                         do_sample=False)[0].tolist()[len(PROMPT):]
+    m = load_machine("wse3")
+    program, _ = compile_model(path, m, max_context=32, sequences=4, prefill=True)
+    assert Generator(program, m).generate(PROMPT, N_TOKENS).generated_ids == want

@@ -180,3 +180,18 @@ def test_generate_checks_the_prompts_of_several_sequences(wse3, tmp_path):
     assert len(res.ttft_seconds) == 3 and res.ttft_prompt_lengths == [2, 1, 3]
     assert res.ttft_seconds[1] < res.ttft_seconds[0] < res.ttft_seconds[2]
     assert np.all(gen.positions == [3, 2, 4])  # each sequence's next position
+
+
+def test_a_head_too_wide_for_the_bands_is_named(wse3, tmp_path):
+    """Llama-3-8B's layers fit wse3's PEs, but with 32 sequences' rows of logits its head is
+    668 columns wide and no band holds it: the refusal says so, not that PEs are missing."""
+    from wse_emu.apps.benchsuite import BUILTIN_MODELS
+    folder = _folder(tmp_path, "m", BUILTIN_MODELS["llama-3-8b"])
+    with pytest.raises(CompileError) as e:
+        compile_model(folder, wse3, dtype="bf16", shape_only=True, sequences=32,
+                      max_context=1024)
+    msg = str(e.value)
+    assert "\n" not in msg and "cannot be placed in bands" in msg, msg
+    assert "holding 32 rows of logits" in msg and msg.endswith("use fewer sequences")
+    pes = int(msg.split("grids (")[1].split(" PEs")[0].replace(",", ""))
+    assert pes < wse3.pes
