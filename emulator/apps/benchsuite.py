@@ -48,7 +48,8 @@ first (B KV caches need the most SRAM), and the position it sets holds for the s
 Time to first token (TTFT) of a prompt of position + 1 tokens. With --prefill B: from a
 prefill program (compile --prefill B: a run takes B consecutive prompt positions into one KV
 cache, pipelined through the layers' regions on a wafer, batched on a GPU) at the case's
-context, run_prefill; its figures join every case of the model and machine. Without it, on the
+context, B or the largest half of it that compiles for the machine (run_prefill); its figures
+join every case of the model and machine. Without it, on the
 wafer mapping only: position + 1 steps, each the measured step (the prompt fed a token a step;
 a wafer-mapped step costs the same at every position). figures["ttft_method"] says which.
 
@@ -505,23 +506,32 @@ def run_case(case: Case, machine, dtype: str, program, position: int, figures: M
     case.status = "ok"
 
 
-def run_prefill(spec: ModelSpec, machine, dtype: str, context: int, position: int, B: int,
+def run_prefill(spec: ModelSpec, machine, dtype: str, context: int, position: int, most: int,
                 tick) -> dict:
-    """The time to first token of a prompt of position + 1 tokens with a prefill program of
-    B positions a run (compile --prefill B) at the case's context: {"figures": ...,
-    "host": ...} or {"reason": the compiler's or loader's one line}. Timing-only, so the
-    wafer emulates the prompt's last run (a wafer-mapped run costs the same at every
-    position) and an HBM machine its first and last (the others their mean; emulator/
-    generate.py, Generator._generate_prefill)."""
+    """The time to first token of a prompt of position + 1 tokens with a prefill program
+    (compile --prefill B) at the case's context, B the largest of most, most / 2, ... (down to
+    2) that compiles for the machine (a GPU's batched step holds fewer positions than a
+    wafer's pipeline): {"figures": ..., "host": ...} or {"reason": the compiler's refusal of
+    `most` (or the loader's) in one line}. Timing-only, so the wafer emulates the prompt's
+    last run (a wafer-mapped run costs the same at every position) and an HBM machine its
+    first and last (the others their mean; emulator/generate.py,
+    Generator._generate_prefill)."""
     from wse_emu.apps.progress import Reached
     from wse_emu.emulator.generate import Generator
     from wse_emu.emulator.load import LoadError
 
     t0 = time.perf_counter()
-    program, report, _ = compile_case(spec, machine, dtype, context, B, prefill=True)
+    B, first_refusal = most, None
+    while True:
+        tick(f"compiling --prefill {B}")
+        program, report, _ = compile_case(spec, machine, dtype, context, B, prefill=True)
+        if program is not None or B // 2 < 2:
+            break
+        first_refusal = first_refusal or report
+        B //= 2
     host = {"prefill_compile_seconds": time.perf_counter() - t0}
     if program is None:
-        return {"reason": f"--prefill {B}: {report}", "host": host}
+        return {"reason": f"--prefill {most}: {first_refusal or report}", "host": host}
     reached = Reached()
 
     def within(cycles: int, _instructions: int) -> None:
@@ -540,7 +550,8 @@ def run_prefill(spec: ModelSpec, machine, dtype: str, context: int, position: in
         "ttft_method": (f"prefill in runs of {B} positions, "
                         + ("1 emulated" if program.model.mapping == "wafer" or runs == 1
                            else "the first and the last emulated") + f" of {runs}"),
-        "prefill_positions": B, "prefill_run_cycles": res.cycles_per_token[0],
+        "prefill_positions": B, "prefill_asked": most,
+        "prefill_run_cycles": res.cycles_per_token[0],
         "prefill_tokens_per_second": res.prefill_tokens_per_second}}
 
 
@@ -684,7 +695,6 @@ def _prefill_cases(spec: ModelSpec, machines, dtype: str, cases: list, B: int, t
         ran = [c for c in cases if c.machine == m.name and c.ok]
         if ran:
             first = min(ran, key=lambda c: c.sequences)
-            tick.show(first, f"compiling --prefill {B}")
             got = run_prefill(spec, m, dtype, first.max_context, first.position, B,
                               lambda what, transient=False, c=first: tick.show(c, what,
                                                                                transient))

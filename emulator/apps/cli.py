@@ -831,8 +831,9 @@ def _names(values: tuple[str, ...]) -> list[str]:
                    "and throughput_curve.png; a machine whose compiler cannot batch B says so")
 @click.option("--prefill", type=click.IntRange(min=2), metavar="B",
               help="the time to first token from a prefill program of B prompt positions a "
-                   "run on every machine (compile --prefill B) [default: on the wafer mapping, "
-                   "the prompt fed a token a step; none on HBM machines]")
+                   "run (compile --prefill B; B / 2, B / 4 ... where B does not compile) on "
+                   "every machine [default: on the wafer mapping, the prompt fed a token a "
+                   "step; none on HBM machines]")
 @user_errors
 def bench(models, machines, outdir, dtype, max_context, position, sequences, prefill):
     """Decode of every model on every machine (shape-only, timing-only): one sequence, or

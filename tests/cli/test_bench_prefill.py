@@ -2,6 +2,7 @@
 (compile --prefill B) on every machine, wafers and GPUs alike."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -57,18 +58,45 @@ def test_every_case_has_the_prefill_programs_first_token(suite):
     assert sum("prefill_seconds" in h for h in hosts) == len(MACHINES)
 
 
-def test_a_prefill_that_does_not_compile_says_why(cli, tmp_path):
-    """A prefill program that does not fit: the case still runs, its first-token time is
-    replaced by the compiler's one line."""
+def test_a_prefill_too_large_is_halved_until_it_compiles(cli, tmp_path):
+    """--prefill 4096 does not fit test64 (4096 rows of masks a source PE): the largest half
+    of it that compiles is used, and says so."""
     (tmp_path / "llama").mkdir()
     (tmp_path / "llama" / "config.json").write_text(json.dumps(LLAMA))
     out = cli("bench", "--models", "llama", "--machines", "test64", "--max-context", "64",
               "--prefill", "4096", "-o", "res", cwd=tmp_path)
     assert out.code == 0, out.stderr
     (case,) = json.loads((tmp_path / "res" / "bench.json").read_text())["cases"]
-    assert case["status"] == "ok" and "ttft_seconds" not in case["figures"]
-    assert case["figures"]["ttft_reason"].startswith("--prefill 4096: ")
-    assert "no first-token time: --prefill 4096" in (tmp_path / "res" / "bench.md").read_text()
+    f = case["figures"]
+    assert case["status"] == "ok" and f["prefill_asked"] == 4096
+    B = f["prefill_positions"]
+    assert 2 <= B < 4096 and B & (B - 1) == 0
+    assert f["ttft_method"].startswith(f"prefill in runs of {B} positions")
+
+
+def test_a_prefill_that_does_not_compile_says_why(cli, tmp_path):
+    """When no prefill program compiles (here the model's config.json has gone), the case
+    keeps its decode figures and its first-token time is replaced by the compiler's one line
+    for the B asked (every half of it refused too)."""
+    from wse_emu.apps.benchsuite import Case, _prefill_cases
+    from wse_emu.isa.machine import load_machine
+
+    calls = []
+
+    class Tick:
+        def show(self, *a, **k):
+            pass
+
+        def advance(self):
+            calls.append(1)
+    case = Case("m", "test64", status="ok", max_context=64, position=63, figures={
+        "ttft_seconds": 1.0, "ttft_prompt_tokens": 64, "ttft_method": "fed a token a step"},
+        host={"case_seconds": 1.0, "peak_rss_bytes": 1})
+    spec = SimpleNamespace(folder=tmp_path / "missing", tell=lambda t: t)
+    _prefill_cases(spec, [load_machine("test64")], "bf16", [case], 4, Tick(), None)
+    assert calls == [1] and case.status == "ok"
+    assert "ttft_seconds" not in case.figures and "ttft_method" not in case.figures
+    assert case.figures["ttft_reason"].startswith("--prefill 4: ")
 
 
 def test_a_first_token_under_its_floor_is_a_violation(suite):
