@@ -3,7 +3,8 @@
 A compiled decoder (isa.compiler) processes one position per run: the host writes the token
 into `input_ids` and its position into `position_ids`, runs every PE from pc 0, and reads
 `logits`. The runners leave SRAM as the program left it, so the K and V caches the attention
-PEs appended to are there for the next run. Prefill feeds the prompt token by token.
+PEs appended to are there for the next run. Such a program takes the prompt token by token
+(a prefill program several tokens a run: below).
 
 Timing-only (`timing_only=True`, e.g. a `--shape-only` compile at full size): the same runs
 without SRAM contents, so there are no logits to sample from: every decode step is fed a given
@@ -16,6 +17,13 @@ its next prompt token, then its own greedy tokens; one that has all its tokens r
 last token at its last position (which rewrites that cache slot with the same values), so the
 others go on. A sequence gets one token a run: its tokens/s is clock / cycles a run, the
 aggregate B times that.
+
+A prefill program (`--prefill B`): a run takes B consecutive positions of one sequence into
+one KV cache. The prompt goes in runs of B, the last ending at its last token (its logits, the
+program's last row, give the first generated token); every decode step after it is a whole
+run, every slot fed the token. Its time to first token is the prompt's runs (timing-only from
+a position: one run on the wafer mapping, whose runs cost the same at every position; the
+first and the last on an HBM machine, the others their mean).
 """
 
 from __future__ import annotations
