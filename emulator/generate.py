@@ -296,22 +296,7 @@ class Generator:
         if self.sequences > 1:
             return self._generate_many(prompt_ids, n, decode_token, position, on_step)
         ids = [int(i) for i in prompt_ids]
-        if n < 1:
-            raise LoadError("generate needs n >= 1 tokens")
-        if position is not None and not self.timing_only:
-            raise LoadError("a start position is only given in timing-only mode (a functional "
-                            "run computes the cache of every earlier position)")
-        if not ids and position is None:
-            raise LoadError("generate needs at least one prompt token")
-        if decode_token is not None and not self.timing_only:
-            raise LoadError("a decode token is only given in timing-only mode (a functional "
-                            "run decodes its own greedy tokens)")
-        if self.timing_only:
-            decode_token = (ids[-1] if ids else 0) if decode_token is None else int(decode_token)
-        for tok in ids + ([decode_token] if self.timing_only else []):
-            if not 0 <= tok < self.vocab:
-                raise LoadError(f"token id {tok} is outside the vocabulary (0..{self.vocab - 1})")
-        self.check_capacity(len(ids), n, position)
+        decode_token = self._checked([ids], n, decode_token, position)
         self.reset()
         tick = on_step or _ignore
         prefill_cycles, cycles, out = 0, [], []
@@ -340,10 +325,7 @@ class Generator:
             if i + 1 < n:
                 logits = self.step(out[-1])
                 tick()
-        spt = float(np.mean(cycles)) / self.machine.clock_hz
-        per_layer = {self._layer_name(k): {"compute": int(v[0] // n), "fabric": int(v[1] // n),
-                                           "stall": int(v[2] // n)}
-                     for k, v in sorted(totals.items())}
+        per_layer = self._per_layer(totals, n)
         note = ""
         if self.timing_only:
             note = (f"timing-only: no values are computed, so no token can be sampled; each of "
@@ -352,14 +334,34 @@ class Generator:
             ttft, lengths = [(prefill_cycles + cycles[0]) / self.machine.clock_hz], [len(ids)]
         else:
             ttft, lengths = self._ttft_estimate(position, cycles[0])
-        return GenerateResult(out, cycles, spt, 1.0 / spt, 0.0, int(prefill_cycles), per_layer,
-                              self.timing_only,
-                              "timing-only" if self.timing_only else "functional",
-                              decode_token if self.timing_only else None, note, position,
-                              predicted_cycles=self.predicted_cycles(),
-                              parts=self._parts_result(timed, n), sequences=1,
-                              ids_per_sequence=[out], aggregate_tokens_per_second=1.0 / spt,
-                              ttft_seconds=ttft, ttft_prompt_lengths=lengths)
+        return self._result(out, cycles, prefill_cycles, per_layer, decode_token, note,
+                            position, timed, n, ids_per_sequence=[out], ttft_seconds=ttft,
+                            ttft_prompt_lengths=lengths)
+
+    def _checked(self, prompts: list, n: int, decode_token, position) -> int | None:
+        """What every generate() checks before its first run (the prompts' ids, the request
+        against the KV cache, the timing-only options); the token a timing-only run feeds
+        (default: the first prompt's last id, else 0), None for a functional one."""
+        if n < 1:
+            raise LoadError("generate needs n >= 1 tokens")
+        if position is not None and not self.timing_only:
+            raise LoadError("a start position is only given in timing-only mode (a functional "
+                            "run computes the cache of every earlier position)")
+        if decode_token is not None and not self.timing_only:
+            raise LoadError("a decode token is only given in timing-only mode (a functional "
+                            "run decodes its own greedy tokens)")
+        if position is None and any(not p for p in prompts):
+            raise LoadError("generate needs at least one prompt token"
+                            + (" for every sequence" if len(prompts) > 1 else ""))
+        if self.timing_only and decode_token is None:
+            decode_token = prompts[0][-1] if prompts[0] else 0
+        for tok in [t for p in prompts for t in p] + ([decode_token] if self.timing_only
+                                                      else []):
+            if not 0 <= tok < self.vocab:
+                raise LoadError(f"token id {tok} is outside the vocabulary (0..{self.vocab - 1})")
+        for p in prompts:
+            self.check_capacity(len(p), n, position)
+        return None if decode_token is None else int(decode_token)
 
     def predicted_cycles(self) -> int:
         """The compiler's predicted cycles of a run: the wafer mapping's parts in series (one
@@ -399,24 +401,7 @@ class Generator:
         if len(prompts) != B:
             raise LoadError(f"the program runs {B} sequences: give one prompt (used for all) "
                             f"or {B} prompts, got {len(prompts)}")
-        if n < 1:
-            raise LoadError("generate needs n >= 1 tokens")
-        if position is not None and not self.timing_only:
-            raise LoadError("a start position is only given in timing-only mode (a functional "
-                            "run computes the cache of every earlier position)")
-        if decode_token is not None and not self.timing_only:
-            raise LoadError("a decode token is only given in timing-only mode (a functional "
-                            "run decodes its own greedy tokens)")
-        if position is None and any(not p for p in prompts):
-            raise LoadError("generate needs at least one prompt token for every sequence")
-        if self.timing_only and decode_token is None:
-            decode_token = prompts[0][-1] if prompts[0] else 0
-        for tok in [t for p in prompts for t in p] + ([decode_token] if self.timing_only
-                                                      else []):
-            if not 0 <= tok < self.vocab:
-                raise LoadError(f"token id {tok} is outside the vocabulary (0..{self.vocab - 1})")
-        for p in prompts:
-            self.check_capacity(len(p), n, position)
+        decode_token = self._checked(prompts, n, decode_token, position)
         self.reset()
         tick = on_step or _ignore
         lengths = [1] * B if position is not None else [len(p) for p in prompts]
@@ -449,10 +434,7 @@ class Generator:
                         out[s].append(int(np.argmax(logits[s])))
         cycles = run_cycles[first:]
         clock = self.machine.clock_hz
-        spt = float(np.mean(cycles)) / clock
-        per_layer = {self._layer_name(k): {"compute": int(v[0] // n), "fabric": int(v[1] // n),
-                                           "stall": int(v[2] // n)}
-                     for k, v in sorted(totals.items())}
+        per_layer = self._per_layer(totals, n)
         if position is None:
             ttft = [sum(run_cycles[:lengths[s]]) / clock for s in range(B)]
             ttft_lengths = lengths
@@ -462,16 +444,12 @@ class Generator:
         if self.timing_only:
             note = (f"timing-only: no values are computed, so no token can be sampled; each of "
                     f"the {B} sequences was fed token {decode_token} at every decode step")
-        return GenerateResult(out[0] if not self.timing_only else [], cycles, spt, 1.0 / spt,
-                              0.0, int(sum(run_cycles[:first])),
-                              per_layer, self.timing_only,
-                              "timing-only" if self.timing_only else "functional",
-                              decode_token if self.timing_only else None, note, position,
-                              predicted_cycles=self.predicted_cycles(),
-                              parts=self._parts_result(timed, n), sequences=B,
-                              ids_per_sequence=out if not self.timing_only else [],
-                              aggregate_tokens_per_second=B / spt, ttft_seconds=ttft,
-                              ttft_prompt_lengths=ttft_lengths)
+        return self._result(out[0] if not self.timing_only else [], cycles,
+                            sum(run_cycles[:first]), per_layer, decode_token, note, position,
+                            timed, n, sequences=B,
+                            ids_per_sequence=out if not self.timing_only else [],
+                            ttft_seconds=ttft,
+                            ttft_prompt_lengths=ttft_lengths)
 
     def _generate_prefill(self, prompt_ids, n: int, decode_token, position,
                           on_step) -> GenerateResult:
@@ -483,22 +461,7 @@ class Generator:
             raise LoadError(f"a prefill program runs one sequence ({B} of its positions a run): "
                             f"give one prompt")
         ids = [int(i) for i in prompt_ids]
-        if n < 1:
-            raise LoadError("generate needs n >= 1 tokens")
-        if position is not None and not self.timing_only:
-            raise LoadError("a start position is only given in timing-only mode (a functional "
-                            "run computes the cache of every earlier position)")
-        if decode_token is not None and not self.timing_only:
-            raise LoadError("a decode token is only given in timing-only mode (a functional "
-                            "run decodes its own greedy tokens)")
-        if not ids and position is None:
-            raise LoadError("generate needs at least one prompt token")
-        if self.timing_only:
-            decode_token = (ids[-1] if ids else 0) if decode_token is None else int(decode_token)
-        for tok in ids + ([decode_token] if self.timing_only else []):
-            if not 0 <= tok < self.vocab:
-                raise LoadError(f"token id {tok} is outside the vocabulary (0..{self.vocab - 1})")
-        self.check_capacity(len(ids), n, position)
+        decode_token = self._checked([ids], n, decode_token, position)
         self.reset()
         tick = on_step or _ignore
         length = len(ids) if position is None else position + 1  # the prompt's positions
@@ -550,25 +513,34 @@ class Generator:
             ttft = chunks * (runs[0] + runs[-1]) / 2 / clock
             how = (f"{chunks} runs, the first and the last emulated and the others taken as "
                    f"their mean")
-        spt = float(np.mean(cycles)) / clock
-        per_layer = {self._layer_name(k): {"compute": int(v[0] // n), "fabric": int(v[1] // n),
-                                           "stall": int(v[2] // n)}
-                     for k, v in sorted(totals.items())}
+        per_layer = self._per_layer(totals, n)
         note = (f"a prefill program: the prompt of {length} tokens in runs of {B} positions "
                 f"({how}); each decode step after it is a whole run, every slot fed the token")
         if self.timing_only:
             note += (f"; timing-only: no values are computed, so no token can be sampled; "
                      f"every run was fed token {decode_token}")
+        return self._result(out, cycles, prefill_cycles, per_layer, decode_token, note,
+                            position, timed, n, ids_per_sequence=[out], ttft_seconds=[ttft],
+                            ttft_prompt_lengths=[length], prefill_positions=B,
+                            prefill_tokens_per_second=length / ttft)
+
+    def _result(self, out, cycles, prefill_cycles, per_layer, decode_token, note, position,
+                timed, n, **more) -> GenerateResult:
+        """The GenerateResult of n decode runs of `cycles` (one sequence unless `more` says)."""
+        spt = float(np.mean(cycles)) / self.machine.clock_hz
+        more.setdefault("aggregate_tokens_per_second", more.get("sequences", 1) / spt)
         return GenerateResult(out, cycles, spt, 1.0 / spt, 0.0, int(prefill_cycles), per_layer,
                               self.timing_only,
                               "timing-only" if self.timing_only else "functional",
                               decode_token if self.timing_only else None, note, position,
                               predicted_cycles=self.predicted_cycles(),
-                              parts=self._parts_result(timed, n), sequences=1,
-                              ids_per_sequence=[out], aggregate_tokens_per_second=1.0 / spt,
-                              ttft_seconds=[ttft], ttft_prompt_lengths=[length],
-                              prefill_positions=B,
-                              prefill_tokens_per_second=length / ttft)
+                              parts=self._parts_result(timed, n), **more)
+
+    def _per_layer(self, totals: dict, n: int) -> dict:
+        """GenerateResult.per_layer: _account's totals over n runs, a run's mean."""
+        return {self._layer_name(k): {"compute": int(v[0] // n), "fabric": int(v[1] // n),
+                                      "stall": int(v[2] // n)}
+                for k, v in sorted(totals.items())}
 
     def _layer_name(self, layer: int) -> str:
         if layer == KERNEL:
