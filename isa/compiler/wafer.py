@@ -29,7 +29,10 @@ C).
 
 Sequences (sequences = B > 1): B KV caches a layer; every region loops over the B sequences
 with one loop body (_Emitter.loop), so that the layers' regions pipeline them (SEQ ..
-below; docs/compiler.md, "Sequences in flight").
+below; docs/compiler.md, "Sequences in flight"). A prefill program (prefill=True,
+Decoder.one_cache): the same loop over B consecutive positions of one sequence, one KV cache
+(offsets 0), the head keeping the last position's logits only (docs/compiler.md, "Prefill
+programs").
 
 Systems. On a machine of several wafers (machine.chips > 1, wafer c holding rows
 [c H, (c + 1) H)) the layers are split into contiguous groups, one a wafer and every wafer
