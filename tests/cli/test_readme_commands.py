@@ -57,13 +57,15 @@ def test_readme_shell_block_runs_as_written(tmp_path):
     np.testing.assert_allclose(np.load(tmp_path / "out" / "y.npy"), W @ x, rtol=1e-4,
                                atol=1e-3)
     assert (tmp_path / "dis" / "g.wsa").is_file() and (tmp_path / "g.png").is_file()
-    generated = [p.stdout.splitlines()[0] for line, p in
+    generated = [next(ln for ln in p.stdout.splitlines()
+                      if ln.startswith(("generated ids", "sequence 0"))) for line, p in
                  zip([l for l in lines if not l.startswith(("source ", "wse-emu bench"))],
                      done) if line.startswith("wse-emu generate m")]
-    # the same model on the wafer, h100, two wafers, a node of two GPUs: the same ids; with
-    # three sequences in flight, the first (the same prompt) gets them too
-    assert len(generated) == 5 and generated[0].startswith("generated ids")
-    assert generated[1:4] == [generated[0]] * 3
+    # the same model on the wafer, h100, two wafers, a node of two GPUs, and as a prefill
+    # program: the same ids; with three sequences in flight, the first (the same prompt) gets
+    # them too
+    assert len(generated) == 6 and generated[0].startswith("generated ids")
+    assert generated[1:4] + generated[5:] == [generated[0]] * 4
     assert generated[4].split()[2:] == generated[0].split()[2:]  # "sequence 0  <ids>"
 
 
