@@ -652,7 +652,11 @@ def _refusal(dec, machine, dtype, exact, biases, sides, name, seqs: int = 1) -> 
     return (f"{name} needs {pes:,} PEs ({len(dec.layers)} layers on {R} x {C} grids, "
             f"{_layer_weights(dec) * WEIGHT_BYTES[dtype] / 1e9:.2f} GB of layer weights; "
             f"embedding and head more) but machine '{machine.name}' is {machine.width} x "
-            f"{machine.height} ({have:,} PEs) and has no links to join more of it")
+            f"{machine.height} ({have:,} PEs) and "
+            + (f"no system of up to {MAX_CHIPS} of its wafers places it"
+               + (f" (use {fewer})" if seqs > 1 else "")
+               if machine.kind == "mesh" and machine.link_bandwidth > 0
+               else "has no links to join more of it"))
 
 
 def sram_needed(dec, machine, dtype, exact, sides, seqs: int = 1) -> tuple | None:
