@@ -43,7 +43,9 @@ def ensure_env(extras: str) -> None:
                               capture_output=True, text=True)
         if done.returncode != 0:
             sys.stderr.write(done.stdout + done.stderr)
-            sys.exit(f"dev.py: pip install {' '.join(args)} failed (see above)")
+            why = (f"killed by signal {-done.returncode}" if done.returncode < 0
+                   else f"exit code {done.returncode}")
+            sys.exit(f"dev.py: pip install {' '.join(args)} failed ({why}; pip's output above)")
     stamp.write_text(want)
 
 

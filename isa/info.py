@@ -83,6 +83,25 @@ def _hbm_lines(program: Program) -> list[str]:
 REGION_ROWS = 24  # regions describe lists by default; the rest are counted on one line
 
 
+def model_line(m) -> str:
+    """One line on a compiled model (program.bin's MODEL, isa.program.ModelInfo): what it is,
+    what it was compiled for, and what a run takes."""
+    runs = ("one position a run" if m.positions == 1 and m.sequences == 1
+            else f"{m.positions} positions a run" if m.sequences == 1
+            else f"a prefill program: {m.sequences} consecutive positions of one sequence a "
+                 f"run, one KV cache" if m.prefill
+            else f"{m.sequences} sequences in flight: a token of each a run, a KV cache each")
+    groups = ", ".join(f"{a}-{a + n - 1}" for a, n in m.groups)
+    chips = (f" ({m.chips} chips" + (f"; layers {groups}, a chip each" if groups else "") + ")"
+             if m.chips > 1 else "")
+    mapping = {"wafer": "the wafer mapping", "chain": "the stage chain",
+               "kernel": "an HBM kernel"}.get(m.mapping, m.mapping)
+    return (f"model: {m.family}, {m.layers} layers, hidden {m.hidden}, vocabulary {m.vocab}, "
+            f"max_context {m.max_context}, weights {m.dtype}"
+            + (" (shape only: timing-only runs)" if m.shape_only else "")
+            + f"; {mapping} for '{m.machine}'{chips}; {runs}")
+
+
 def describe(program: Program, max_regions: int | None = REGION_ROWS) -> str:
     """A human-readable summary of the program: regions, routes, tensors, symbols, params, and
     the HBM footprint with its buffers. Past `max_regions` regions (None: no limit) one line
@@ -95,6 +114,8 @@ def describe(program: Program, max_regions: int | None = REGION_ROWS) -> str:
              f"{len(program.routes)} route rule(s)"]
     if program.params:
         lines.append("params: " + ", ".join(f"{k}={v}" for k, v in program.params))
+    if program.model is not None:
+        lines.append(model_line(program.model))
     lines.append("regions:")
     rows = [["name", "rect (x, y, w x h)", "PEs", "instructions", "SRAM bytes"]]
     shown = program.regions if max_regions is None else program.regions[:max_regions]

@@ -126,6 +126,12 @@ def test_compile_and_generate_a_prefill_program(cli, tmp_path):
                          r"21 tokens in runs of 4 positions", run.stdout, re.M), run.stdout
         assert re.search(r"^first token +[0-9.]+ ms for a prompt of 21 tokens \(in runs of 4 "
                          r"positions\)", run.stdout, re.M), run.stdout
+        info = cli("info", f"{machine}.bin", cwd=tmp_path)
+        assert re.search(r"^model: llama, 2 layers, hidden 256, vocabulary 1024, max_context 64, "
+                         r"weights bf16 \(shape only: timing-only runs\); (the wafer mapping|an "
+                         r"HBM kernel) for '" + machine + r"'; a prefill program: 4 consecutive "
+                         r"positions of one sequence a run, one KV cache$", info.stdout, re.M), \
+            info.stdout
     both = cli("compile", "config.json", "--shape-only", "--prefill", "4", "--sequences", "2",
                "-o", "x.bin", cwd=tmp_path)
     assert "two kinds of program" in _one_line_error(both)
