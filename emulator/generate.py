@@ -466,14 +466,8 @@ class Generator:
         tick = on_step or _ignore
         length = len(ids) if position is None else position + 1  # the prompt's positions
         chunks = -(-length // B)
-        order = list(range(chunks))
-        # timing-only: on the wafer mapping a run costs the same at every position, so the
-        # last run alone; else the first and the last (see ttft below)
-        wafer = self.program.model.mapping == "wafer"
-        if self.timing_only and chunks > (1 if wafer else 2):
-            order = [chunks - 1] if wafer else [0, chunks - 1]
         runs = []
-        for c in order:  # run c: positions c B .. c B + B - 1; the last ends at the prompt's
+        for c in self.prompt_runs(length):  # run c: positions c B .. c B + B - 1; the last ends at the prompt's
             # last token (the program's logits are its last position's), repeating earlier
             # positions (or position 0), whose cache rows it rewrites with the same values
             pos = ([c * B + j for j in range(B)] if c < chunks - 1 else
@@ -523,6 +517,17 @@ class Generator:
                             position, timed, n, ids_per_sequence=[out], ttft_seconds=[ttft],
                             ttft_prompt_lengths=[length], prefill_positions=B,
                             prefill_tokens_per_second=length / ttft)
+
+    def prompt_runs(self, length: int) -> list[int]:
+        """A prefill program: which of the runs of a prompt of `length` positions generate()
+        emulates (run c: positions c B ..). Every one, but timing-only: on the wafer mapping a
+        run costs the same at every position, so the last alone; else the first and the last
+        (the others taken as their mean)."""
+        chunks = -(-length // self.sequences)
+        wafer = self.program.model.mapping == "wafer"
+        if self.timing_only and chunks > (1 if wafer else 2):
+            return [chunks - 1] if wafer else [0, chunks - 1]
+        return list(range(chunks))
 
     def _result(self, out, cycles, prefill_cycles, per_layer, decode_token, note, position,
                 timed, n, **more) -> GenerateResult:

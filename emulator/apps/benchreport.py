@@ -132,11 +132,10 @@ def markdown(suite: dict) -> str:
     said = set()
     for c in cases:  # the first token's wait (a prefill program's: once a model and machine)
         f = c["figures"]
-        key = (c["model"], c["machine"], f.get("ttft_method"), f.get("ttft_seconds"),
-               f.get("ttft_reason"))
-        if key in said or "prefill_positions" in f and (c["model"], c["machine"]) in said:
-            continue
-        said |= {key, (c["model"], c["machine"])} if "prefill_positions" in f else {key}
+        if "prefill_positions" in f or "ttft_reason" in f:
+            if (c["model"], c["machine"]) in said:
+                continue
+            said.add((c["model"], c["machine"]))
         if c["status"] == "ok" and "ttft_seconds" in f:
             floors = "".join(
                 f"; floor {x['name']} {fmt_seconds(x['floor_seconds'])}"

@@ -544,12 +544,12 @@ def run_prefill(spec: ModelSpec, machine, dtype: str, context: int, position: in
     except LoadError as e:
         return {"reason": f"--prefill {B}: {e}", "host": host}
     host["prefill_seconds"] = time.perf_counter() - t0 - host["prefill_compile_seconds"]
-    runs = -(-(position + 1) // B)
+    runs, done = -(-(position + 1) // B), len(gen.prompt_runs(position + 1))
     return {"host": host, "figures": {
         "ttft_prompt_tokens": position + 1, "ttft_seconds": res.ttft_seconds[0],
         "ttft_method": (f"prefill in runs of {B} positions, "
-                        + ("1 emulated" if program.model.mapping == "wafer" or runs == 1
-                           else "the first and the last emulated") + f" of {runs}"),
+                        + ("1 emulated" if done == 1 else "the first and the last emulated")
+                        + f" of {runs}"),
         "prefill_positions": B, "prefill_asked": most,
         "prefill_run_cycles": res.cycles_per_token[0],
         "prefill_tokens_per_second": res.prefill_tokens_per_second}}

@@ -665,10 +665,8 @@ def generate(binary, prompt_ids, tokens, machine_name, as_json, reference, timin
             clear_status()
         longest = max((len(p) for p in prompts), default=0)
         runs = longest if position is None else 1
-        if prefill:  # the prompt's runs of B positions (timing-only: the first and the last)
-            chunks = -(-(longest if position is None else position + 1) // prefill)
-            one = program.model.mapping == "wafer"  # a run costs the same at every position
-            runs = min(chunks, 1 if one else 2) if timing_only else chunks
+        if prefill:  # the prompt's runs of B positions that are emulated
+            runs = len(gen.prompt_runs(longest if position is None else position + 1))
         bar = Bar(runs + tokens - 1, "emulated runs", show)
         gen.on_cycles = _step_progress(bar, gen.predicted_cycles()) if show else None
         try:

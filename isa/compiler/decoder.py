@@ -85,6 +85,11 @@ class Decoder:
     # one sequence, so a layer holds one KV cache that every slot appends to and reads
     one_cache: bool = False
 
+    def kept(self, seqs: int) -> int:
+        """KV caches a layer holds, and rows of logits the head keeps, with seqs slots a run:
+        one each in a prefill program, else one a sequence."""
+        return 1 if self.one_cache else seqs
+
 
 def _norm_of(stage) -> Norm:
     norms = [op for op in stage.ops if op[0] in ("rmsnorm", "layernorm")]

@@ -193,7 +193,7 @@ def _layer_data(dec: Decoder, geo: Geometry, dtype: str, seqs: int = 1) -> int:
     on a grid of two column classes the larger class's."""
     wb = WEIGHT_BYTES[dtype]
     return max(map_gemv.tile_bytes(g, wb, dec.family == "gpt2")
-               + (1 if dec.one_cache else seqs) * map_attention.cache_bytes(g, wb)
+               + dec.kept(seqs) * map_attention.cache_bytes(g, wb)
                + map_attention.buffer_bytes(g, bool(dec.rope_theta), 4 * g.M1)
                + 4 * (3 * g.K + g.Mqkv + 1 + 2) + 2 * g.K * wb * 2 for g in geo.variants)
 
@@ -343,8 +343,7 @@ def _arrange(dec: Decoder, geo: Geometry, machine, dtype: str, exact: bool,
         if m == 0:
             return None
         embed_cols.append((m, vb))
-    head = map_head.columns(dec.vocab, K, wb, exact, at_least=C,
-                            seqs=1 if dec.one_cache else seqs)  # the logits rows it keeps
+    head = map_head.columns(dec.vocab, K, wb, exact, at_least=C, seqs=dec.kept(seqs))
     if head[0] == 0:
         return None
     ew = sum(m for m, _ in embed_cols)
@@ -642,7 +641,7 @@ def _refusal(dec, machine, dtype, exact, biases, sides, name, seqs: int = 1) -> 
                 f"machine '{machine.name}' (the split puts at least one layer on every wafer)")
     if pes <= have:  # enough PEs: the grids, the embedding and the head do not fit in bands
         K = geometry(dec, (R, C)).K
-        rows = 1 if dec.one_cache else seqs
+        rows = dec.kept(seqs)
         m, _ = map_head.columns(dec.vocab, K, WEIGHT_BYTES[dtype], exact, at_least=C, seqs=rows)
         held = f", holding {rows} rows of logits" if rows > 1 else ""
         return (f"{name}'s {len(dec.layers)} layers on {R} x {C} grids ({pes:,} PEs), its "
@@ -949,7 +948,7 @@ class _Emitter:
         c.rb, c.shape_only, c.weights = rb, self.shape_only, self.weights
         c.graph, c.declared, c.padded = self.mp.dec.plan.graph, self.declared, self.padded
         c.seqs = self.seqs
-        c.caches = 1 if self.mp.dec.one_cache else self.seqs
+        c.caches = self.mp.dec.kept(self.seqs)
         c.cache_regs = (KOFF, VOFF) if self.seqs > 1 else None
         return c
 
@@ -1183,7 +1182,7 @@ class _Emitter:
             ctx.col = LineKind("column", geo.R, COL, "r14")  # (no flags set up in the head)
         self.position_regs(rb, it, flags=False)
         out = b["logits"]  # a prefill program's: the run's last position's, as it is left
-        rows = 1 if dec.one_cache else self.seqs
+        rows = dec.kept(self.seqs)
         if rows > 1:  # a row of vb logits a sequence, copied after the step's reduce
             out = rb.alloc("logits_out", self.seqs * vb * 4)
 
